@@ -1,0 +1,73 @@
+"""`MnistClassification`: tfds `mnist` with the CNN of TensorFlow's
+distributed-training tutorial (Conv2D 32x3 relu, MaxPool, Flatten, Dense 64
+relu, Dense 10).
+"""
+
+from typing import Optional
+
+import gin
+import tensorflow as tf
+import tensorflow_datasets as tfds
+import tf_keras
+
+import trainer
+
+
+@gin.configurable
+class MnistClassification(trainer.Task):
+  """The tutorial CNN on MNIST; the data comes from tensorflow-datasets."""
+
+  def __init__(self, data_dir: Optional[str] = None,
+               learning_rate: float = 1e-3, shuffle_buffer: int = 10000,
+               shuffle_seed: int = 0):
+    """Configures the task.
+
+    Args:
+      data_dir: Where tfds keeps `mnist` (prepared beforehand; nothing is
+        downloaded at training time). None is tfds's default.
+      learning_rate: Adam's learning rate.
+      shuffle_buffer: Examples in the training shuffle buffer.
+      shuffle_seed: Seeds the training order.
+    """
+    self.data_dir = data_dir
+    self.learning_rate = learning_rate
+    self.shuffle_buffer = shuffle_buffer
+    self.shuffle_seed = shuffle_seed
+
+  def build_model(self) -> tf_keras.Model:
+    return tf_keras.Sequential([
+        tf_keras.Input((28, 28, 1)),
+        tf_keras.layers.Conv2D(32, 3, activation="relu"),
+        tf_keras.layers.MaxPooling2D(),
+        tf_keras.layers.Flatten(),
+        tf_keras.layers.Dense(64, activation="relu"),
+        tf_keras.layers.Dense(10),
+    ], name="mnist_cnn")
+
+  def build_inputs(self, training, input_context=None) -> tf.data.Dataset:
+    read_config = tfds.ReadConfig(
+        shuffle_seed=self.shuffle_seed, input_context=input_context)
+    dataset = tfds.load("mnist", split="train" if training else "test",
+                        data_dir=self.data_dir, as_supervised=True,
+                        shuffle_files=training, download=False,
+                        read_config=read_config)
+    dataset = dataset.map(_normalize, num_parallel_calls=tf.data.AUTOTUNE)
+    if training:
+      dataset = dataset.shuffle(self.shuffle_buffer, seed=self.shuffle_seed)
+    return dataset
+
+  def build_losses(self, labels, model_outputs, aux_losses=None):
+    del aux_losses
+    return tf_keras.losses.sparse_categorical_crossentropy(
+        labels, model_outputs, from_logits=True)
+
+  def build_metrics(self, training=True):
+    del training
+    return [tf_keras.metrics.SparseCategoricalAccuracy("accuracy")]
+
+  def create_optimizer(self):
+    return tf_keras.optimizers.Adam(self.learning_rate)
+
+
+def _normalize(image, label):
+  return tf.cast(image, tf.float32) / 255.0, tf.cast(label, tf.int32)

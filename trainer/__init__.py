@@ -1,0 +1,22 @@
+"""A gin-configured custom-training-loop framework on Orbit and tf.distribute.
+
+Importing `trainer` selects Keras 2 (`tf_keras`): Model Garden and Orbit are
+built on it, and the variable must be set before TensorFlow first touches
+`tf.keras`.
+"""
+
+import os
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from trainer.errors import ConfigError
+from trainer.experiment import MODES
+from trainer.experiment import run
+from trainer.experiment import TrainerConfig
+from trainer.runtime import RuntimeConfig
+from trainer.task import Task
+
+__all__ = ["ConfigError", "MODES", "RuntimeConfig", "Task", "TrainerConfig",
+           "run"]

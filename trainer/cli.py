@@ -1,0 +1,189 @@
+"""Command line: gin files and bindings in, a validated experiment run out.
+
+`python train.py --gin_file=gin/digits.gin --gin_param='trainer.train_steps=2000'
+--model_dir=runs/digits [--mode=train_and_eval]`
+
+Configuration errors (gin syntax, unknown or misspelled names, bad values,
+bad flags) end the process with exit code 2 and one line on stderr, before
+`model_dir` is created or changed.
+"""
+
+import difflib
+import inspect
+import os
+import re
+import sys
+from typing import List, Optional, Sequence, Tuple
+
+from absl import app
+from absl import flags
+from absl import logging
+import gin
+
+from trainer import errors
+from trainer import experiment
+from trainer import runtime as runtime_lib
+from trainer import task as task_lib
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+USAGE_EXIT_CODE = 2
+
+FLAGS = flags.FLAGS
+flags.DEFINE_multi_string("gin_file", [], "Gin config file; repeatable, "
+                          "later files override earlier ones.")
+flags.DEFINE_multi_string("gin_param", [], "Gin binding such as "
+                          "'trainer.train_steps=100'; repeatable, applied "
+                          "after the files.")
+flags.DEFINE_string("model_dir", None, "Directory for checkpoints, summaries "
+                    "and the operative config.")
+flags.DEFINE_enum("mode", "train_and_eval", experiment.MODES, "What to run.")
+
+
+@gin.configurable("experiment")
+def configured_task(task: task_lib.Task = gin.REQUIRED) -> task_lib.Task:
+  """Returns the Task bound as `experiment.task = @SomeTask()`."""
+  if not isinstance(task, task_lib.Task):
+    raise errors.ConfigError(f"`experiment.task` must be a trainer.Task, got "
+                     f"{type(task).__name__}.")
+  return task
+
+
+def _registered_configurables() -> List[str]:
+  registry = getattr(gin.config, "_REGISTRY", None)
+  return sorted(registry) if registry is not None else []
+
+
+def _parameter_names(configurable_name: str) -> List[str]:
+  registry = getattr(gin.config, "_REGISTRY", None)
+  try:
+    wrapped = registry.get_match(configurable_name).wrapped
+    target = wrapped.__init__ if inspect.isclass(wrapped) else wrapped
+    return [p for p in inspect.signature(target).parameters if p != "self"]
+  except Exception:  # Suggestions are best effort only.
+    return []
+
+
+def _suggestion(message: str) -> str:
+  """Returns ' (did you mean ...?)' for an unknown gin name, or ''."""
+  candidates, wrong = [], None
+  match = re.search(r"No configurable matching '([^']+)'", message)
+  if match:
+    wrong = match.group(1)
+    names = _registered_configurables()
+    # Compare like with like: bare names against bare names.
+    candidates = names + [n.rsplit(".", 1)[-1] for n in names]
+  match = re.search(
+      r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'",
+      message)
+  if match:
+    wrong = match.group(2)
+    candidates = _parameter_names(match.group(1))
+  close = difflib.get_close_matches(wrong, candidates, n=1) if wrong else []
+  return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _one_line(error: BaseException) -> str:
+  """Condenses a gin or validation error to `location: problem`."""
+  if isinstance(error, SyntaxError) and error.filename:
+    text = (error.msg or "").split(" (line")[0]
+    return f"{error.filename}:{error.lineno}: gin syntax error: {text}"
+  message = str(error).strip() or type(error).__name__
+  lines = [line.strip() for line in message.splitlines() if line.strip()]
+  location = ""
+  for line in lines[1:]:
+    found = re.match(r'In file "([^"]+)", line (\d+)', line)
+    if found:
+      location = f"{found.group(1)}:{found.group(2)}: "
+      break
+    found = re.match(r"In bindings string line (\d+)", line)
+    if found:
+      location = "--gin_param: "
+      break
+  problem = lines[0] if lines else message
+  if isinstance(error, ImportError):
+    problem = f"cannot import: {problem}"
+  return f"{location}{problem}{_suggestion(message)}"
+
+
+def load_config(gin_files: Sequence[str], gin_params: Sequence[str]
+                ) -> Tuple[task_lib.Task, runtime_lib.RuntimeConfig,
+                           experiment.TrainerConfig]:
+  """Parses gin and builds every configured object, validating each.
+
+  Raises:
+    errors.ConfigError: With a one-line description of the first problem.
+  """
+  # Gin files may `import` a user's module from the working directory, and
+  # name repository configs (`gin/digits.gin`) from anywhere.
+  if os.getcwd() not in sys.path:
+    sys.path.insert(0, os.getcwd())
+  gin.add_config_file_search_path(REPO_ROOT)
+  if not gin_files:
+    raise errors.ConfigError("no --gin_file given; try --gin_file=gin/digits.gin")
+  for path in gin_files:
+    if not any(os.path.isfile(os.path.join(base, path))
+               for base in ("", REPO_ROOT)):
+      raise errors.ConfigError(f"--gin_file: no such file: {path}")
+  try:
+    gin.parse_config_files_and_bindings(gin_files, gin_params,
+                                        skip_unknown=False)
+    task = configured_task()
+    return task, runtime_lib.RuntimeConfig(), experiment.TrainerConfig()
+  except Exception as e:  # Gin re-raises the user's errors with context.
+    raise errors.ConfigError(_one_line(e)) from e
+
+
+def _check_model_dir(model_dir: Optional[str]) -> str:
+  if not model_dir:
+    raise errors.ConfigError("--model_dir is required.")
+  if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+    raise errors.ConfigError(f"--model_dir ({model_dir}) is a file, not a directory.")
+  existing = model_dir
+  while not os.path.exists(existing):
+    existing = os.path.dirname(os.path.abspath(existing))
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise errors.ConfigError(f"--model_dir ({model_dir}) is not writable.")
+  return model_dir
+
+
+def _fail(message: str) -> None:
+  print(f"train.py: error: {message}", file=sys.stderr, flush=True)
+  sys.exit(USAGE_EXIT_CODE)
+
+
+def parse_flags(argv: List[str]) -> List[str]:
+  """Parses flags; a bad flag is one line on stderr and exit code 2."""
+  try:
+    return FLAGS(argv)
+  except flags.Error as e:
+    _fail(str(e).splitlines()[0])
+
+
+def main(argv: Sequence[str]) -> int:
+  """Runs the experiment the flags describe; returns the exit code."""
+  if len(argv) > 1:
+    _fail(f"unexpected arguments: {' '.join(argv[1:])}")
+  if not FLAGS["verbosity"].present:
+    # Progress and eval lines are printed; INFO logs would repeat them.
+    logging.set_verbosity(logging.WARNING)
+  try:
+    model_dir = _check_model_dir(FLAGS.model_dir)
+    task, runtime, config = load_config(FLAGS.gin_file, FLAGS.gin_param)
+  except errors.ConfigError as e:
+    _fail(str(e))
+  logging.info("task %s, mode %s, model_dir %s", type(task).__name__,
+               FLAGS.mode, model_dir)
+  try:
+    results = experiment.run(task, FLAGS.mode, model_dir, runtime, config)
+  except errors.ConfigError as e:
+    _fail(str(e))
+  if results:
+    summary = " | ".join(f"{name} {float(value):.4f}"
+                         for name, value in sorted(results.items()))
+    print(f"final eval | {summary}", flush=True)
+  return 0
+
+
+def run() -> None:
+  """Entry point used by `train.py`."""
+  app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,248 @@
+"""Wires a Task, the runtime and the Orbit controller together for a mode."""
+
+import dataclasses
+import os
+from typing import Any, Dict, Optional
+
+from absl import logging
+import gin
+import orbit
+import tensorflow as tf
+import tf_keras
+
+from trainer import checkpoints
+from trainer import controller as controller_lib
+from trainer import errors
+from trainer import inputs as inputs_lib
+from trainer import runners
+from trainer import runtime as runtime_lib
+from trainer import summaries
+from trainer import task as task_lib
+
+MODES = ("train", "eval", "train_and_eval", "continuous_eval")
+
+
+@gin.configurable("trainer")
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+  """Loop, evaluation and checkpoint settings, bound as `trainer.<name>`.
+
+  Attributes:
+    train_steps: Train until the global step reaches this.
+    steps_per_loop: Steps run inside one `tf.function` call; progress is
+      reported once per loop.
+    global_batch_size: Training examples per step over all replicas.
+    eval_batch_size: Evaluation examples per step over all replicas.
+    validation_steps: Eval batches per evaluation; -1 is one full pass over
+      the eval split, partial last batch included.
+    validation_interval: Evaluate every this many steps in `train_and_eval`;
+      0 evaluates only at the end.
+    checkpoint_interval: Save at most every this many steps; a checkpoint is
+      always saved when training ends.
+    summary_interval: Write train summaries every this many steps; a multiple
+      of `steps_per_loop`.
+    max_to_keep: Newest checkpoints kept.
+    continuous_eval_timeout: `continuous_eval` gives up after waiting this
+      many seconds for a new checkpoint.
+  """
+  train_steps: int = 1000
+  steps_per_loop: int = 100
+  global_batch_size: int = 64
+  eval_batch_size: int = 256
+  validation_steps: int = -1
+  validation_interval: int = 0
+  checkpoint_interval: int = 1000
+  summary_interval: int = 100
+  max_to_keep: int = 5
+  continuous_eval_timeout: float = 3600.0
+
+  def __post_init__(self):
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if field.type is int and (not isinstance(value, int) or
+                                isinstance(value, bool)):
+        raise errors.ConfigError(f"`trainer.{field.name}` ({value!r}) must be an "
+                         "integer.")
+    positive = ("train_steps", "steps_per_loop", "global_batch_size",
+                "eval_batch_size", "checkpoint_interval", "summary_interval",
+                "max_to_keep")
+    for name in positive:
+      if getattr(self, name) < 1:
+        raise errors.ConfigError(f"`trainer.{name}` ({getattr(self, name)}) must be "
+                         "positive.")
+    if self.validation_steps == 0 or self.validation_steps < -1:
+      raise errors.ConfigError(f"`trainer.validation_steps` ({self.validation_steps})"
+                       " must be positive, or -1 for a full pass.")
+    if self.validation_interval < 0:
+      raise errors.ConfigError("`trainer.validation_interval` "
+                       f"({self.validation_interval}) must be >= 0.")
+    if self.summary_interval % self.steps_per_loop:
+      raise errors.ConfigError(
+          f"`trainer.summary_interval` ({self.summary_interval}) must be a "
+          f"multiple of `trainer.steps_per_loop` ({self.steps_per_loop}).")
+    if (not isinstance(self.continuous_eval_timeout, (int, float)) or
+        self.continuous_eval_timeout <= 0):
+      raise errors.ConfigError("`trainer.continuous_eval_timeout` "
+                       f"({self.continuous_eval_timeout!r}) must be positive.")
+
+
+def _ensure_built(model: tf_keras.Model, element_spec) -> None:
+  """Builds `model` from the input spec so checkpoints restore at once."""
+  if model.built:
+    return
+  features_spec = element_spec[0]
+  dummy = tf.nest.map_structure(
+      lambda spec: tf.zeros([1] + spec.shape.as_list()[1:], spec.dtype),
+      features_spec)
+  model(dummy, training=False)
+
+
+def _learning_rate(optimizer: tf_keras.optimizers.Optimizer) -> float:
+  rate = optimizer.learning_rate
+  if callable(rate):
+    rate = rate(optimizer.iterations)
+  return float(tf.convert_to_tensor(rate))
+
+
+def run(task: task_lib.Task, mode: str, model_dir: str,
+        runtime: Optional[runtime_lib.RuntimeConfig] = None,
+        config: Optional[TrainerConfig] = None) -> Dict[str, Any]:
+  """Trains and/or evaluates `task` in `model_dir`.
+
+  Args:
+    task: What to train.
+    mode: One of `MODES`.
+    model_dir: Checkpoints, `train/` and `eval/` summaries and
+      `operative_config.gin` go here.
+    runtime: Devices, strategy and precision; defaults if None.
+    config: Loop settings; defaults if None.
+
+  Returns:
+    The last evaluation's results (name -> NumPy value), or {} if none ran.
+
+  Raises:
+    errors.ConfigError: For an unknown mode, or `eval` with no checkpoint to read.
+  """
+  runtime = runtime or runtime_lib.RuntimeConfig()
+  config = config or TrainerConfig()
+  if mode not in MODES:
+    raise errors.ConfigError(f"`mode` ({mode!r}) must be one of: {', '.join(MODES)}.")
+  training = mode in ("train", "train_and_eval")
+  evaluating = mode != "train"
+  if mode == "eval" and tf.train.latest_checkpoint(model_dir) is None:
+    raise errors.ConfigError(f"no checkpoint to evaluate in `model_dir` ({model_dir}).")
+
+  strategy = runtime_lib.create_strategy(runtime)
+  runtime_lib.set_precision_policy(runtime)
+  logging.info("strategy %s with %d replica(s)", type(strategy).__name__,
+               strategy.num_replicas_in_sync)
+  train_input = eval_input = None
+  if training:
+    train_input = inputs_lib.DistributedInput(
+        strategy, lambda ctx: task.build_inputs(True, ctx),
+        config.global_batch_size, training=True,
+        batch_size_name="trainer.global_batch_size")
+  if evaluating:
+    eval_input = inputs_lib.DistributedInput(
+        strategy, lambda ctx: task.build_inputs(False, ctx),
+        config.eval_batch_size, training=False,
+        batch_size_name="trainer.eval_batch_size")
+  with strategy.scope():
+    model = task.build_model()
+    _ensure_built(model, (train_input or eval_input).dataset.element_spec)
+    global_step = orbit.utils.create_global_step()
+    optimizer = None
+    if training:
+      optimizer = runtime_lib.wrap_optimizer(task.create_optimizer(), runtime)
+
+  trainer = evaluator = None
+  checkpoint_items = {"model": model, "global_step": global_step}
+  if training:
+    trainer = runners.TaskTrainer(
+        task, model, optimizer, strategy, train_input, global_step,
+        run_eagerly=runtime.run_eagerly, enable_xla=runtime.enable_xla)
+    checkpoint_items.update(optimizer=optimizer,
+                            train_iterator=trainer.train_iterator)
+  if evaluating:
+    evaluator = runners.TaskEvaluator(task, model, strategy, eval_input,
+                                      global_step,
+                                      run_eagerly=runtime.run_eagerly)
+
+  os.makedirs(model_dir, exist_ok=True)
+  manager = checkpoints.create_manager(
+      tf.train.Checkpoint(**checkpoint_items), model_dir, config.max_to_keep,
+      global_step, config.checkpoint_interval,
+      init_fn=(lambda: task.initialize(model)) if training else None)
+  train_writer = None
+  if training:
+    train_writer = tf.summary.create_file_writer(
+        os.path.join(model_dir, "train"))
+  controller = controller_lib.Controller(
+      global_step=global_step,
+      trainer=trainer,
+      evaluator=evaluator,
+      strategy=strategy,
+      train_actions=[_OperativeConfigWriter(model_dir, train_writer)]
+      if training else None,
+      steps_per_loop=config.steps_per_loop if training else None,
+      checkpoint_manager=manager,
+      summary_interval=config.summary_interval if training else None,
+      eval_summary_dir=os.path.join(model_dir, "eval") if evaluating else None,
+      train_steps=config.train_steps,
+      global_batch_size=config.global_batch_size,
+      train_summary_writer=train_writer,
+      learning_rate_fn=(lambda: _learning_rate(optimizer)) if training else None,
+      partial_restore=not training)
+
+  if mode == "train":
+    controller.train(config.train_steps)
+    return {}
+  if mode == "train_and_eval":
+    output = controller.train_and_evaluate(
+        config.train_steps, config.validation_steps,
+        eval_interval=config.validation_interval or None)
+    if output is None:  # Already trained to `train_steps`: evaluate anyway.
+      output = controller.evaluate(config.validation_steps)
+    return output
+  if mode == "eval":
+    return controller.evaluate(config.validation_steps)
+  return _evaluate_continuously(controller, model_dir, config)
+
+
+class _OperativeConfigWriter:
+  """Train action: saves the operative gin config once, after the first loop.
+
+  Gin only knows which parameters were used once the configurables ran.
+  """
+
+  def __init__(self, model_dir: str,
+               writer: Optional[tf.summary.SummaryWriter]):
+    self._model_dir = model_dir
+    self._writer = writer
+    self._done = False
+
+  def __call__(self, unused_output) -> None:
+    if self._done:
+      return
+    self._done = True
+    path = summaries.write_operative_config(self._model_dir, self._writer,
+                                            step=0)
+    logging.info("wrote %s", path)
+
+
+def _evaluate_continuously(controller: controller_lib.Controller,
+                           model_dir: str,
+                           config: TrainerConfig) -> Dict[str, Any]:
+  """Evaluates each new checkpoint until one at `train_steps` or later."""
+  output = {}
+  for path in tf.train.checkpoints_iterator(
+      model_dir, timeout=config.continuous_eval_timeout,
+      timeout_fn=lambda: True):
+    controller.restore_checkpoint(path)
+    output = controller.evaluate(config.validation_steps)
+    if controller.step >= config.train_steps:
+      break
+  else:
+    logging.warning("no new checkpoint in %s for %s s; stopping.", model_dir,
+                    config.continuous_eval_timeout)
+  return output

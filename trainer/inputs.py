@@ -1,0 +1,96 @@
+"""Distributed input: batching per replica with a checkpointable iterator.
+
+Iterators from `strategy.experimental_distribute_dataset` and
+`distribute_datasets_from_function` cannot be saved in a checkpoint
+(tensorflow/tensorflow#56372), and exact resume needs the input position. So
+each worker reads one plain `tf.data` iterator over batches of
+`per_replica_batch_size * local_replicas` examples (checkpointable), and each
+batch is split into per-replica slices inside the step function with
+`strategy.experimental_distribute_values_from_function`. On this stack the
+split path measured slightly faster than a distributed iterator.
+"""
+
+from typing import Callable
+
+import tensorflow as tf
+
+from trainer import errors
+
+DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
+
+
+def per_replica_batch_size(global_batch_size: int, num_replicas: int,
+                           name: str = "global_batch_size") -> int:
+  """Returns `global_batch_size / num_replicas`, which must be whole.
+
+  Raises:
+    errors.ConfigError: If the batch does not divide evenly over the replicas.
+  """
+  if global_batch_size < 1:
+    raise errors.ConfigError(f"`{name}` ({global_batch_size}) must be positive.")
+  if global_batch_size % num_replicas:
+    raise errors.ConfigError(
+        f"`{name}` ({global_batch_size}) must be divisible by the number of "
+        f"replicas ({num_replicas}).")
+  return global_batch_size // num_replicas
+
+
+class DistributedInput:
+  """A worker's batched dataset and the split of its batches over replicas.
+
+  Attributes:
+    dataset: Batches of `per_replica_batch_size * local_replicas` examples.
+    per_replica_batch_size: Examples each replica receives per step.
+  """
+
+  def __init__(self, strategy: tf.distribute.Strategy, dataset_fn: DatasetFn,
+               global_batch_size: int, training: bool,
+               batch_size_name: str = "global_batch_size"):
+    """Builds the worker's dataset.
+
+    Args:
+      strategy: The strategy whose replicas consume the batches.
+      dataset_fn: Returns a dataset of single (unbatched) examples for an
+        `InputContext`; it may shard by the context itself.
+      global_batch_size: Examples per step summed over all replicas.
+      training: Repeat forever and drop the last partial batch when True; a
+        single pass that keeps the partial last batch otherwise.
+      batch_size_name: How the batch size is called in error messages.
+    """
+    self._strategy = strategy
+    num_replicas = strategy.num_replicas_in_sync
+    self.per_replica_batch_size = per_replica_batch_size(
+        global_batch_size, num_replicas, batch_size_name)
+    # Single-worker strategies: one input pipeline feeds every replica.
+    self._num_local_replicas = num_replicas
+    context = tf.distribute.InputContext(
+        num_input_pipelines=1, input_pipeline_id=0,
+        num_replicas_in_sync=num_replicas)
+    dataset = dataset_fn(context)
+    if not isinstance(dataset, tf.data.Dataset):
+      raise TypeError("`build_inputs` must return a `tf.data.Dataset`, got "
+                      f"{type(dataset).__name__}.")
+    if training:
+      dataset = dataset.repeat()
+    dataset = dataset.batch(
+        self.per_replica_batch_size * self._num_local_replicas,
+        drop_remainder=training)
+    self.dataset = dataset.prefetch(tf.data.AUTOTUNE)
+
+  def split(self, batch):
+    """Splits a worker batch into per-replica values for `strategy.run`.
+
+    Call it inside the step function. A partial last batch leaves the trailing
+    replicas with fewer (possibly zero) examples.
+    """
+    if self._num_local_replicas == 1:
+      return batch
+    size = self.per_replica_batch_size
+    num_local = self._num_local_replicas
+
+    def replica_slice(context: tf.distribute.experimental.ValueContext):
+      start = (context.replica_id_in_sync_group % num_local) * size
+      return tf.nest.map_structure(lambda t: t[start:start + size], batch)
+
+    return self._strategy.experimental_distribute_values_from_function(
+        replica_slice)

@@ -1,0 +1,152 @@
+"""Orbit runners built from a `Task`: the inner train and eval loops.
+
+`TaskTrainer` and `TaskEvaluator` own `strategy.run`, the reduction across
+replicas and the global step; the Task owns the per-replica maths.
+"""
+
+from typing import Dict, List, Optional
+
+import orbit
+import tensorflow as tf
+import tf_keras
+
+from trainer import inputs as inputs_lib
+from trainer import task as task_lib
+
+
+def _metric_results(metrics: List[tf_keras.metrics.Metric]) -> Dict[str, tf.Tensor]:
+  return {metric.name: metric.result() for metric in metrics}
+
+
+class TaskTrainer(orbit.StandardTrainer):
+  """Runs a Task's `train_step` on every replica, `steps_per_loop` at a time.
+
+  `train(n)` runs n steps inside one `tf.function` (a `tf.while_loop`) unless
+  `run_eagerly`, and returns the mean loss of those steps. Task metrics keep
+  accumulating across loops until `read_and_reset_metrics()`, so summaries
+  cover every step since the last summary.
+  """
+
+  def __init__(self, task: task_lib.Task, model: tf_keras.Model,
+               optimizer: tf_keras.optimizers.Optimizer,
+               strategy: tf.distribute.Strategy,
+               train_input: inputs_lib.DistributedInput,
+               global_step: tf.Variable, *, run_eagerly: bool = False,
+               enable_xla: bool = False):
+    """Builds the trainer.
+
+    Args:
+      task: Supplies `train_step` and the training metrics.
+      model: The model, built in `strategy.scope()`.
+      optimizer: The optimizer, built in `strategy.scope()`.
+      strategy: Runs the replica steps.
+      train_input: The training batches and their split over replicas.
+      global_step: Incremented once per step.
+      run_eagerly: Run steps without `tf.function`.
+      enable_xla: Compile the per-replica step with XLA.
+    """
+    self.task = task
+    self.model = model
+    self.optimizer = optimizer
+    self.strategy = strategy
+    self.global_step = global_step
+    self._input = train_input
+    with strategy.scope():
+      self.metrics = task.build_metrics(training=True)
+    # Created outside the strategy scope: they are updated in cross-replica
+    # context with the already-reduced loss. One covers the current loop (the
+    # progress line), the other the current summary window.
+    self._loop_loss = tf_keras.metrics.Mean("loss")
+    self._window_loss = tf_keras.metrics.Mean("loss")
+    self._replica_step = self._task_train_step
+    if enable_xla:
+      self._replica_step = tf.function(self._task_train_step, jit_compile=True)
+    # The plain iterator (not a distributed one) can be checkpointed; Orbit
+    # calls `iter()` on what it is given, which returns the iterator itself.
+    with tf.device("/cpu:0"):
+      self.train_iterator = iter(train_input.dataset)
+    super().__init__(
+        self.train_iterator,
+        options=orbit.StandardTrainerOptions(
+            use_tf_function=not run_eagerly,
+            use_tf_while_loop=not run_eagerly))
+
+  def _task_train_step(self, inputs):
+    return self.task.train_step(inputs, self.model, self.optimizer,
+                                self.metrics)
+
+  def train_loop_begin(self):
+    self._loop_loss.reset_state()
+
+  def train_step(self, iterator):
+    batch = self._input.split(next(iterator))
+    logs = self.strategy.run(self._replica_step, args=(batch,))
+    loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, logs["loss"],
+                                axis=None)
+    self._loop_loss.update_state(loss)
+    self._window_loss.update_state(loss)
+    self.global_step.assign_add(1)
+
+  def train_loop_end(self) -> Dict[str, tf.Tensor]:
+    return {"loss": self._loop_loss.result()}
+
+  def read_and_reset_metrics(self) -> Dict[str, tf.Tensor]:
+    """Returns the mean loss and task metrics since the last call."""
+    results = _metric_results([self._window_loss] + self.metrics)
+    for metric in [self._window_loss] + self.metrics:
+      metric.reset_state()
+    return results
+
+
+class TaskEvaluator(orbit.StandardEvaluator):
+  """Runs a Task's `validation_step` over the eval split on every replica.
+
+  Results: `loss` (mean per-example loss over every evaluated example), each
+  task metric by name, and whatever `reduce_aggregated_logs` returns.
+  """
+
+  def __init__(self, task: task_lib.Task, model: tf_keras.Model,
+               strategy: tf.distribute.Strategy,
+               eval_input: inputs_lib.DistributedInput,
+               global_step: tf.Variable, *, run_eagerly: bool = False):
+    self.task = task
+    self.model = model
+    self.strategy = strategy
+    self.global_step = global_step
+    self._input = eval_input
+    with strategy.scope():
+      self.metrics = task.build_metrics(training=False)
+      self._loss = tf_keras.metrics.Mean("loss")
+    # Only a task that aggregates outputs pays for returning them.
+    self._aggregates = (
+        type(task).aggregate_logs is not task_lib.Task.aggregate_logs)
+    super().__init__(
+        eval_input.dataset,
+        options=orbit.StandardEvaluatorOptions(
+            use_tf_function=not run_eagerly))
+
+  def eval_begin(self):
+    for metric in self.metrics + [self._loss]:
+      metric.reset_state()
+    return self.task.aggregate_logs() if self._aggregates else None
+
+  def _replica_step(self, inputs):
+    logs = dict(self.task.validation_step(inputs, self.model, self.metrics))
+    self._loss.update_state(logs.pop("loss"))
+    return logs
+
+  def eval_step(self, iterator):
+    batch = self._input.split(next(iterator))
+    logs = self.strategy.run(self._replica_step, args=(batch,))
+    return logs if self._aggregates else None
+
+  def eval_reduce(self, state=None, step_outputs=None):
+    return self.task.aggregate_logs(state, step_outputs)
+
+  def eval_end(self, aggregated_logs=None) -> Dict[str, tf.Tensor]:
+    results = {"loss": self._loss.result()}
+    results.update(_metric_results(self.metrics))
+    if self._aggregates:
+      results.update(self.task.reduce_aggregated_logs(
+          aggregated_logs, global_step=self.global_step))
+    return results

@@ -1,0 +1,76 @@
+"""TensorBoard summaries, the operative gin config and the progress line."""
+
+import os
+import tempfile
+from typing import Mapping, Optional
+
+import gin
+import numpy as np
+import tensorflow as tf
+
+OPERATIVE_CONFIG_FILE = "operative_config.gin"
+
+
+def write_scalars(writer: tf.summary.SummaryWriter,
+                  scalars: Mapping[str, object], step: int) -> None:
+  """Writes each value of `scalars` as a scalar summary at `step`."""
+  with writer.as_default(step=step):
+    for name, value in scalars.items():
+      tf.summary.scalar(name, value)
+  writer.flush()
+
+
+def atomic_write_text(path: str, text: str) -> None:
+  """Writes `text` to `path` so readers see the old file or the new one."""
+  directory = os.path.dirname(path) or "."
+  with tempfile.NamedTemporaryFile("w", dir=directory, delete=False,
+                                   prefix=".tmp-", suffix=".part") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(f.name, path)
+
+
+def write_operative_config(directory: str,
+                           writer: Optional[tf.summary.SummaryWriter],
+                           step: int) -> str:
+  """Saves the gin parameters actually used, as a file and a text summary.
+
+  Returns:
+    The path of the written `operative_config.gin`.
+  """
+  config = gin.operative_config_str()
+  path = os.path.join(directory, OPERATIVE_CONFIG_FILE)
+  atomic_write_text(path, config)
+  if writer is not None:
+    with writer.as_default(step=step):
+      # Indented lines render as a code block in TensorBoard's markdown.
+      tf.summary.text("operative_config",
+                      "\n".join("    " + line for line in config.splitlines()))
+    writer.flush()
+  return path
+
+
+def format_duration(seconds: float) -> str:
+  """Formats seconds as `1h02m03s`, `2m03s` or `3s`."""
+  seconds = int(round(seconds))
+  hours, rest = divmod(seconds, 3600)
+  minutes, seconds = divmod(rest, 60)
+  if hours:
+    return f"{hours}h{minutes:02d}m{seconds:02d}s"
+  if minutes:
+    return f"{minutes}m{seconds:02d}s"
+  return f"{seconds}s"
+
+
+def progress_line(step: int, train_steps: int, steps_per_second: float,
+                  examples_per_second: float, loss: float,
+                  eta_seconds: Optional[float]) -> str:
+  """Returns the one-line training progress report."""
+  eta = "?" if eta_seconds is None else format_duration(eta_seconds)
+  loss_text = f"{loss:.4f}" if np.isfinite(loss) else str(loss)
+  width = len(str(train_steps))
+  return (f"train | step {step:{width}d}/{train_steps} | "
+          f"{steps_per_second:7.1f} steps/s | "
+          f"{examples_per_second:8.0f} examples/s | loss {loss_text} | "
+          f"ETA {eta}")

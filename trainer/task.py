@@ -1,0 +1,137 @@
+"""`Task`: the per-replica maths of one training problem.
+
+A Task says what to train (model, data, losses, metrics, optimizer) and what
+one replica does in one step. The framework owns everything around it:
+batching and splitting the data over replicas, `strategy.run`, the reduction
+across replicas, the global step, checkpoints and summaries. Hook names follow
+Model Garden's `official.core.base_task.Task`, so its users recognise them.
+"""
+
+from typing import Any, Dict, List, Optional
+
+import tensorflow as tf
+import tf_keras
+
+Logs = Dict[str, Any]
+
+
+class Task:
+  """Base class of every trainable problem; override what differs.
+
+  Most tasks override `build_model`, `build_inputs`, `build_losses` and
+  `build_metrics`, and inherit the default steps, which scale the loss by the
+  GLOBAL batch so that a step does the same update on 1 or N replicas.
+
+  Inputs are `(features, labels)` pairs unless a task overrides the steps.
+  """
+
+  def build_model(self) -> tf_keras.Model:
+    """Returns the model; called once, inside the strategy scope."""
+    raise NotImplementedError(f"{type(self).__name__} must define build_model.")
+
+  def build_inputs(
+      self, training: bool,
+      input_context: Optional[tf.distribute.InputContext] = None
+  ) -> tf.data.Dataset:
+    """Returns a dataset of single examples; the framework batches it.
+
+    Args:
+      training: True for the training split (the framework repeats it), False
+        for the evaluation split (read once, partial last batch included).
+      input_context: Which input pipeline this is and how many exist; a task
+        reading many files may shard by file with it. The framework does not
+        shard again.
+    """
+    raise NotImplementedError(
+        f"{type(self).__name__} must define build_inputs.")
+
+  def build_losses(self, labels, model_outputs, aux_losses=None) -> tf.Tensor:
+    """Returns PER-EXAMPLE losses, shape `[batch]`.
+
+    The default steps average them over the global batch; `aux_losses` (the
+    model's regularisation losses) are added by the steps, not here.
+    """
+    raise NotImplementedError(
+        f"{type(self).__name__} must define build_losses.")
+
+  def build_metrics(self, training: bool = True) -> List[tf_keras.metrics.Metric]:
+    """Returns metrics updated by `process_metrics`; none by default."""
+    del training
+    return []
+
+  def create_optimizer(self) -> tf_keras.optimizers.Optimizer:
+    """Returns the optimizer; called once, inside the strategy scope."""
+    return tf_keras.optimizers.Adam(learning_rate=1e-3)
+
+  def initialize(self, model: tf_keras.Model) -> None:
+    """Warm-starts `model`; called only when training starts from scratch."""
+    del model
+
+  def process_metrics(self, metrics, labels, model_outputs) -> None:
+    """Updates each metric with a batch of labels and outputs."""
+    for metric in metrics:
+      metric.update_state(labels, model_outputs)
+
+  def train_step(self, inputs, model: tf_keras.Model,
+                 optimizer: tf_keras.optimizers.Optimizer,
+                 metrics: Optional[List[tf_keras.metrics.Metric]] = None
+                 ) -> Logs:
+    """Runs one training step on one replica's slice of the global batch.
+
+    Returns:
+      Logs whose `loss` is this replica's share of the global mean loss: the
+      per-example losses summed and divided by the GLOBAL batch size, plus the
+      regularisation losses divided by the replica count. The framework sums
+      `loss` over replicas, which gives the global mean.
+    """
+    features, labels = inputs
+    with tf.GradientTape() as tape:
+      outputs = model(features, training=True)
+      outputs = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32),
+                                      outputs)
+      per_example_loss = self.build_losses(labels, outputs)
+      loss = tf.nn.compute_average_loss(per_example_loss)
+      if model.losses:
+        loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+      is_loss_scaled = isinstance(optimizer,
+                                  tf_keras.mixed_precision.LossScaleOptimizer)
+      tape_loss = optimizer.get_scaled_loss(loss) if is_loss_scaled else loss
+    variables = model.trainable_variables
+    grads = tape.gradient(tape_loss, variables)
+    if is_loss_scaled:
+      grads = optimizer.get_unscaled_gradients(grads)
+    optimizer.apply_gradients(zip(grads, variables))
+    self.process_metrics(metrics or [], labels, outputs)
+    return {"loss": loss}
+
+  def validation_step(self, inputs, model: tf_keras.Model,
+                      metrics: Optional[List[tf_keras.metrics.Metric]] = None
+                      ) -> Logs:
+    """Runs one evaluation step on one replica's slice of a batch.
+
+    Returns:
+      Logs whose `loss` holds the per-example losses; the framework averages
+      them over every evaluated example. Other entries are handed to
+      `aggregate_logs`.
+    """
+    features, labels = inputs
+    outputs = model(features, training=False)
+    outputs = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), outputs)
+    self.process_metrics(metrics or [], labels, outputs)
+    return {"loss": self.build_losses(labels, outputs)}
+
+  def aggregate_logs(self, state: Any = None, step_logs: Any = None) -> Any:
+    """Folds one eval step's logs into `state`, eagerly; None to skip.
+
+    Override to compute metrics that need every output (AUC over the whole
+    set, a confusion matrix); `step_logs` values are per-replica.
+    """
+    del step_logs
+    return state
+
+  def reduce_aggregated_logs(self, aggregated_logs: Any,
+                             global_step: Optional[tf.Tensor] = None
+                             ) -> Dict[str, Any]:
+    """Turns the state built by `aggregate_logs` into named eval results."""
+    del aggregated_logs, global_step
+    return {}
