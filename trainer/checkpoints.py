@@ -7,7 +7,6 @@ import tensorflow as tf
 
 def create_manager(checkpoint: tf.train.Checkpoint, directory: str,
                    max_to_keep: int, global_step: tf.Variable,
-                   checkpoint_interval: int,
                    init_fn: Optional[Callable[[], None]] = None
                    ) -> tf.train.CheckpointManager:
   """Returns a manager saving `checkpoint` as `directory/ckpt-<step>`.
@@ -16,14 +15,12 @@ def create_manager(checkpoint: tf.train.Checkpoint, directory: str,
     checkpoint: What to save (model, optimizer, global step, iterator...).
     directory: The run's `model_dir`.
     max_to_keep: Newest checkpoints kept; older ones are deleted.
-    global_step: Numbers the checkpoints and paces `checkpoint_interval`.
-    checkpoint_interval: Save at most once per this many steps.
+    global_step: Numbers the checkpoints.
     init_fn: Called instead of a restore when there is no checkpoint yet.
   """
   return tf.train.CheckpointManager(
       checkpoint, directory=directory, max_to_keep=max_to_keep,
-      step_counter=global_step, checkpoint_interval=checkpoint_interval,
-      init_fn=init_fn)
+      step_counter=global_step, init_fn=init_fn)
 
 
 def restore(manager: tf.train.CheckpointManager,
@@ -48,7 +45,9 @@ def restore(manager: tf.train.CheckpointManager,
   if partial:
     status.expect_partial()
   else:
-    status.assert_existing_objects_matched()
+    # Everything built must match; optimizer slots not built yet are filled
+    # when the first step creates them (deferred restoration).
+    status.assert_existing_objects_matched().expect_partial()
   return path
 
 

@@ -37,6 +37,7 @@ class Controller(orbit.Controller):
   """
 
   def __init__(self, *, train_steps: int = 0, global_batch_size: int = 0,
+               checkpoint_interval: int = 1,
                train_summary_writer: Optional[tf.summary.SummaryWriter] = None,
                learning_rate_fn: Optional[Callable[[], float]] = None,
                partial_restore: bool = False, **kwargs):
@@ -44,6 +45,8 @@ class Controller(orbit.Controller):
 
     Args:
       train_steps: The final step, for the progress line's ETA.
+      checkpoint_interval: Save when the step reaches a multiple of this, and
+        always at the end of training.
       global_batch_size: Examples per step, for examples/s.
       train_summary_writer: Where train summaries go; None for none.
       learning_rate_fn: Returns the current learning rate for summaries.
@@ -52,6 +55,7 @@ class Controller(orbit.Controller):
       **kwargs: Passed to `orbit.Controller`.
     """
     self._train_steps = train_steps
+    self._checkpoint_interval = checkpoint_interval
     self._global_batch_size = global_batch_size
     self._train_summary_writer = train_summary_writer
     self._learning_rate_fn = learning_rate_fn
@@ -79,12 +83,24 @@ class Controller(orbit.Controller):
     return path
 
   def _maybe_save_checkpoint(self, check_interval: bool = True) -> bool:
-    # Orbit saves again at completion even if this step is already saved.
+    """Saves when the step crosses a multiple of `checkpoint_interval`.
+
+    `tf.train.CheckpointManager`'s own interval counts from the first save
+    (steps 10, 30, 50 for an interval of 20 after a first loop of 10), and
+    Orbit saves again at completion even if the step is already saved.
+    """
     manager = self.checkpoint_manager
-    if (not check_interval and manager is not None and
-        checkpoints.latest_step(manager) == self._step):
+    if manager is None:
       return False
-    return super()._maybe_save_checkpoint(check_interval)
+    last = checkpoints.latest_step(manager)
+    if last == self._step:
+      return False
+    if check_interval and (self._step // self._checkpoint_interval ==
+                           (last or 0) // self._checkpoint_interval):
+      return False
+    path = manager.save(checkpoint_number=self._step)
+    _log(f"saved checkpoint {path}")
+    return True
 
   def _train_n_steps(self, num_steps: int) -> None:
     start = time.perf_counter()

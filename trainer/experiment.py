@@ -37,8 +37,8 @@ class TrainerConfig:
       the eval split, partial last batch included.
     validation_interval: Evaluate every this many steps in `train_and_eval`;
       0 evaluates only at the end.
-    checkpoint_interval: Save at most every this many steps; a checkpoint is
-      always saved when training ends.
+    checkpoint_interval: Save when the step reaches a multiple of this; a
+      checkpoint is always saved when training ends.
     summary_interval: Write train summaries every this many steps; a multiple
       of `steps_per_loop`.
     max_to_keep: Newest checkpoints kept.
@@ -134,6 +134,7 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
 
   strategy = runtime_lib.create_strategy(runtime)
   runtime_lib.set_precision_policy(runtime)
+  runtime_lib.seed_everything(runtime)
   logging.info("strategy %s with %d replica(s)", type(strategy).__name__,
                strategy.num_replicas_in_sync)
   train_input = eval_input = None
@@ -171,8 +172,7 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   os.makedirs(model_dir, exist_ok=True)
   manager = checkpoints.create_manager(
       tf.train.Checkpoint(**checkpoint_items), model_dir, config.max_to_keep,
-      global_step, config.checkpoint_interval,
-      init_fn=(lambda: task.initialize(model)) if training else None)
+      global_step, init_fn=(lambda: task.initialize(model)) if training else None)
   train_writer = None
   if training:
     train_writer = tf.summary.create_file_writer(
@@ -189,6 +189,7 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
       summary_interval=config.summary_interval if training else None,
       eval_summary_dir=os.path.join(model_dir, "eval") if evaluating else None,
       train_steps=config.train_steps,
+      checkpoint_interval=config.checkpoint_interval,
       global_batch_size=config.global_batch_size,
       train_summary_writer=train_writer,
       learning_rate_fn=(lambda: _learning_rate(optimizer)) if training else None,

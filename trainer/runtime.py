@@ -51,6 +51,8 @@ class RuntimeConfig:
     num_cpu_devices: Split the host CPU into this many logical devices, so
       `mirrored` runs that many replicas on a machine without accelerators.
       0 or 1 leaves the CPU whole.
+    seed: Seeds Python, NumPy and TensorFlow before the model is built, so
+      runs start from the same weights; None leaves them unseeded.
   """
   distribution_strategy: str = "default"
   mixed_precision_dtype: str = "float32"
@@ -64,6 +66,7 @@ class RuntimeConfig:
   tpu: Optional[str] = None
   num_gpus: int = 0
   num_cpu_devices: int = 0
+  seed: Optional[int] = None
 
   def __post_init__(self):
     _check_choice("distribution_strategy", self.distribution_strategy,
@@ -78,6 +81,9 @@ class RuntimeConfig:
       if not _is_int(getattr(self, name)):
         raise errors.ConfigError(f"`runtime.{name}` ({getattr(self, name)!r}) must be "
                          "an integer.")
+    if self.seed is not None and not _is_int(self.seed):
+      raise errors.ConfigError(f"`runtime.seed` ({self.seed!r}) must be an "
+                               "integer or None.")
     for name in ("run_eagerly", "enable_xla"):
       if not isinstance(getattr(self, name), bool):
         raise errors.ConfigError(f"`runtime.{name}` ({getattr(self, name)!r}) must be "
@@ -169,6 +175,12 @@ def create_strategy(config: RuntimeConfig) -> tf.distribute.Strategy:
       num_gpus=config.num_gpus,
       all_reduce_alg=config.all_reduce_alg,
       num_packs=config.num_packs)
+
+
+def seed_everything(config: RuntimeConfig) -> None:
+  """Seeds Python, NumPy and TensorFlow from `config.seed` if it is set."""
+  if config.seed is not None:
+    tf_keras.utils.set_random_seed(config.seed)
 
 
 def set_precision_policy(config: RuntimeConfig) -> None:

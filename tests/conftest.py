@@ -1,0 +1,31 @@
+"""Test setup: Keras 2, two logical CPUs, clean gin state per test.
+
+The CPU split must happen before TensorFlow initialises its devices, so it
+is done here, before any test module touches TensorFlow.
+"""
+
+import os
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+
+import trainer  # noqa: E402,F401  Sets TF_USE_LEGACY_KERAS before TF loads.
+import gin  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
+
+NUM_CPU_DEVICES = 2
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0],
+    [tf.config.LogicalDeviceConfiguration()] * NUM_CPU_DEVICES)
+
+
+@pytest.fixture(autouse=True)
+def clean_global_state():
+  """Clears gin bindings and the mixed-precision policy around each test."""
+  gin.clear_config(clear_constants=True)
+  yield
+  gin.clear_config(clear_constants=True)
+  tf_keras.mixed_precision.set_global_policy("float32")

@@ -1,0 +1,123 @@
+"""Shared test helpers: tiny tasks, checkpoint and event-file readers, CLI."""
+
+import glob
+import os
+import subprocess
+import sys
+from typing import Dict, List, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+import trainer
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN_PY = os.path.join(REPO_ROOT, "train.py")
+
+
+class LinearRegression(trainer.Task):
+  """y = x.w + noise on a fixed synthetic set; trained with plain SGD.
+
+  SGD keeps the gradient scale visible in the weights (Adam would hide a
+  wrong loss scaling).
+  """
+
+  def __init__(self, num_examples: int = 256, learning_rate: float = 0.1):
+    self.num_examples = num_examples
+    self.learning_rate = learning_rate
+
+  def build_model(self):
+    return tf_keras.Sequential([
+        tf_keras.Input((4,)),
+        tf_keras.layers.Dense(8, activation="tanh"),
+        tf_keras.layers.Dense(1),
+    ])
+
+  def build_inputs(self, training, input_context=None):
+    rng = np.random.RandomState(0 if training else 1)
+    x = rng.normal(size=(self.num_examples, 4)).astype(np.float32)
+    y = (x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32))[:, None]
+    return tf.data.Dataset.from_tensor_slices((x, y))
+
+  def build_losses(self, labels, model_outputs, aux_losses=None):
+    return tf.reduce_mean(tf.square(labels - model_outputs), axis=-1)
+
+  def build_metrics(self, training=True):
+    return [tf_keras.metrics.MeanAbsoluteError("mae")]
+
+  def create_optimizer(self):
+    return tf_keras.optimizers.SGD(self.learning_rate)
+
+
+class PerReplicaMeanLinearRegression(LinearRegression):
+  """The classic bug: the loss averaged over the per-replica batch."""
+
+  def train_step(self, inputs, model, optimizer, metrics=None):
+    features, labels = inputs
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(self.build_losses(labels, model(features)))
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return {"loss": loss}
+
+
+def checkpoint_weights(model_dir: str) -> Dict[str, np.ndarray]:
+  """Returns the model variables of the newest checkpoint in `model_dir`."""
+  reader = tf.train.load_checkpoint(model_dir)
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map()
+          if name.startswith("model/") and "OPTIMIZER_SLOT" not in name}
+
+
+def checkpoint_step(model_dir: str) -> int:
+  reader = tf.train.load_checkpoint(model_dir)
+  return int(reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE"))
+
+
+def max_weight_difference(a: Dict[str, np.ndarray],
+                          b: Dict[str, np.ndarray]) -> float:
+  assert sorted(a) == sorted(b)
+  return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
+
+
+def read_scalars(log_dir: str) -> Dict[str, List[tuple]]:
+  """Returns {tag: [(step, value), ...]} from every event file in `log_dir`."""
+  scalars = {}
+  for path in sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*"))):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        if value.metadata.plugin_data.plugin_name not in ("scalars", ""):
+          continue
+        number = float(tf.make_ndarray(value.tensor)) if value.HasField(
+            "tensor") else value.simple_value
+        scalars.setdefault(value.tag, []).append((event.step, number))
+  return scalars
+
+
+def read_tags(log_dir: str) -> set:
+  """Returns every summary tag in the event files of `log_dir`."""
+  tags = set()
+  for path in glob.glob(os.path.join(log_dir, "events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      tags.update(value.tag for value in event.summary.value)
+  return tags
+
+
+def run_cli(args: Sequence[str], cwd: str = REPO_ROOT, timeout: float = 300
+            ) -> subprocess.CompletedProcess:
+  """Runs `python train.py ARGS` and returns the finished process."""
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  return subprocess.run([sys.executable, TRAIN_PY, *args], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def snapshot(directory: str) -> Dict[str, bytes]:
+  """Returns {relative path: content} for every file under `directory`."""
+  files = {}
+  for root, _, names in os.walk(directory):
+    for name in names:
+      path = os.path.join(root, name)
+      with open(path, "rb") as f:
+        files[os.path.relpath(path, directory)] = f.read()
+  return files

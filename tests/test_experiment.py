@@ -1,0 +1,182 @@
+"""End-to-end runs of `experiment.run` in-process: checkpoints, resume,
+summaries and every mode, read back from real files."""
+
+import os
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import trainer
+from trainer import experiment
+
+import helpers
+
+
+def _config(**overrides):
+  settings = dict(train_steps=20, steps_per_loop=10, summary_interval=10,
+                  global_batch_size=32, eval_batch_size=64,
+                  checkpoint_interval=10)
+  settings.update(overrides)
+  return trainer.TrainerConfig(**settings)
+
+
+def _runtime(strategy="one_device"):
+  return trainer.RuntimeConfig(
+      distribution_strategy=strategy, seed=3,
+      num_cpu_devices=2 if strategy == "mirrored" else 0)
+
+
+def _checkpoint_steps(model_dir):
+  state = tf.train.get_checkpoint_state(model_dir)
+  return [int(p.rsplit("-", 1)[1]) for p in state.all_model_checkpoint_paths]
+
+
+@pytest.mark.parametrize("first,second", [("one_device", "one_device"),
+                                          ("mirrored", "one_device")])
+def test_resume_continues_exactly(tmp_path, first, second):
+  task = helpers.LinearRegression()
+  straight = str(tmp_path / "straight")
+  experiment.run(task, "train", straight, _runtime(), _config(train_steps=40))
+
+  resumed = str(tmp_path / "resumed")
+  experiment.run(task, "train", resumed, _runtime(first),
+                 _config(train_steps=20))
+  halfway = helpers.checkpoint_weights(resumed)
+  experiment.run(task, "train", resumed, _runtime(second),
+                 _config(train_steps=40))
+
+  assert helpers.checkpoint_step(resumed) == 40
+  assert _checkpoint_steps(resumed)[-1] == 40
+  final = helpers.checkpoint_weights(resumed)
+  assert helpers.max_weight_difference(halfway, final) > 1e-3  # It trained.
+  # 20 + 20 steps (model, optimizer, step and input position restored) match
+  # 40 straight steps.
+  assert helpers.max_weight_difference(
+      final, helpers.checkpoint_weights(straight)) < 1e-5
+
+
+def test_finished_run_does_not_train_again(tmp_path):
+  model_dir = str(tmp_path)
+  task = helpers.LinearRegression()
+  experiment.run(task, "train", model_dir, _runtime(), _config())
+  before = helpers.checkpoint_weights(model_dir)
+  experiment.run(task, "train", model_dir, _runtime(), _config())
+  assert helpers.checkpoint_step(model_dir) == 20
+  assert helpers.max_weight_difference(
+      before, helpers.checkpoint_weights(model_dir)) == 0.0
+
+
+def test_saves_at_the_end_when_interval_does_not_divide(tmp_path):
+  model_dir = str(tmp_path)
+  experiment.run(helpers.LinearRegression(), "train", model_dir, _runtime(),
+                 _config(train_steps=50, checkpoint_interval=20,
+                         max_to_keep=10))
+  assert _checkpoint_steps(model_dir) == [20, 40, 50]
+
+
+def test_max_to_keep_deletes_older_checkpoints(tmp_path):
+  model_dir = str(tmp_path)
+  experiment.run(helpers.LinearRegression(), "train", model_dir, _runtime(),
+                 _config(train_steps=50, max_to_keep=2))
+  assert _checkpoint_steps(model_dir) == [40, 50]
+  assert not tf.io.gfile.glob(os.path.join(model_dir, "ckpt-10*"))
+
+
+def test_train_and_eval_writes_summaries_and_operative_config(tmp_path):
+  model_dir = str(tmp_path)
+  gin.parse_config(["trainer.train_steps = 40", "trainer.summary_interval = 20",
+                    "trainer.validation_interval = 20"])
+  # Gin fills what is not passed here.
+  config = trainer.TrainerConfig(steps_per_loop=10, global_batch_size=32,
+                                 eval_batch_size=64, checkpoint_interval=10)
+  output = experiment.run(helpers.LinearRegression(), "train_and_eval",
+                          model_dir, _runtime(), config)
+
+  train = helpers.read_scalars(os.path.join(model_dir, "train"))
+  for tag in ("loss", "mae", "learning_rate", "steps_per_second",
+              "examples_per_second"):
+    assert [step for step, _ in train[tag]] == [20, 40], tag
+  assert train["learning_rate"][0][1] == pytest.approx(0.1)
+  for (_, sps), (_, eps) in zip(train["steps_per_second"],
+                                train["examples_per_second"]):
+    assert eps == pytest.approx(32 * sps, rel=1e-4)
+  assert "operative_config" in helpers.read_tags(
+      os.path.join(model_dir, "train"))
+
+  evals = helpers.read_scalars(os.path.join(model_dir, "eval"))
+  assert [step for step, _ in evals["loss"]] == [20, 40]
+  assert [step for step, _ in evals["mae"]] == [20, 40]
+  assert evals["loss"][-1][1] == pytest.approx(float(output["loss"]))
+
+  with open(os.path.join(model_dir, "operative_config.gin")) as f:
+    text = f.read()
+  assert "trainer.train_steps = 40" in text
+  assert "trainer.validation_interval = 20" in text
+
+
+def test_full_eval_pass_counts_the_partial_last_batch_once(tmp_path):
+  # 100 eval examples, eval batch 64 over 2 replicas: batches of 64 and 36.
+  task = helpers.LinearRegression(num_examples=100)
+  model_dir = str(tmp_path)
+  experiment.run(task, "train", model_dir, _runtime("mirrored"),
+                 _config(train_steps=10))
+  output = experiment.run(task, "eval", model_dir, _runtime("mirrored"),
+                          _config(train_steps=10))
+
+  model = task.build_model()
+  tf.train.Checkpoint(model=model).restore(
+      tf.train.latest_checkpoint(model_dir)).expect_partial()
+  features, labels = next(iter(task.build_inputs(False).batch(1000)))
+  errors = (labels - model(features)).numpy()[:, 0]
+  assert float(output["loss"]) == pytest.approx(np.mean(errors ** 2),
+                                                rel=1e-5)
+  assert float(output["mae"]) == pytest.approx(np.mean(np.abs(errors)),
+                                               rel=1e-5)
+
+
+def test_validation_steps_limits_the_eval(tmp_path):
+  task = helpers.LinearRegression(num_examples=256)
+  model_dir = str(tmp_path)
+  experiment.run(task, "train", model_dir, _runtime(), _config())
+  partial = experiment.run(task, "eval", model_dir, _runtime(),
+                           _config(validation_steps=1))
+  full = experiment.run(task, "eval", model_dir, _runtime(), _config())
+  assert float(partial["loss"]) != pytest.approx(float(full["loss"]))
+
+
+def test_eval_without_checkpoint_is_a_config_error(tmp_path):
+  with pytest.raises(trainer.ConfigError, match="no checkpoint to evaluate"):
+    experiment.run(helpers.LinearRegression(), "eval", str(tmp_path / "x"),
+                   _runtime(), _config())
+  assert not os.path.exists(tmp_path / "x")
+
+
+def test_continuous_eval_evaluates_checkpoints_until_the_last_step(tmp_path):
+  model_dir = str(tmp_path)
+  task = helpers.LinearRegression()
+  experiment.run(task, "train", model_dir, _runtime(), _config())
+  output = experiment.run(task, "continuous_eval", model_dir, _runtime(),
+                          _config(continuous_eval_timeout=5))
+  evals = helpers.read_scalars(os.path.join(model_dir, "eval"))
+  assert evals["loss"][-1][0] == 20
+  assert evals["loss"][-1][1] == pytest.approx(float(output["loss"]))
+
+
+def test_batch_not_divisible_by_replicas_is_a_config_error(tmp_path):
+  with pytest.raises(trainer.ConfigError, match="divisible by the number of "
+                     r"replicas \(2\)"):
+    experiment.run(helpers.LinearRegression(), "train", str(tmp_path),
+                   _runtime("mirrored"), _config(global_batch_size=33))
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(train_steps=0), "train_steps"),
+    (dict(steps_per_loop="10"), "must be an integer"),
+    (dict(summary_interval=15), "multiple of `trainer.steps_per_loop`"),
+    (dict(validation_steps=0), "validation_steps"),
+])
+def test_trainer_config_rejects_bad_values(overrides, message):
+  with pytest.raises(trainer.ConfigError, match=message):
+    _config(**overrides)

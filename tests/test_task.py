@@ -1,0 +1,65 @@
+"""The default Task steps scale losses by the GLOBAL batch.
+
+Same global batch on 1 and 2 replicas must give the same weights and the same
+reported loss; averaging over the per-replica batch instead must not.
+"""
+
+import os
+
+import pytest
+
+import trainer
+from trainer import experiment
+
+import helpers
+
+TIGHT = 1e-5
+
+
+def _train(task, strategy, model_dir, steps=40):
+  runtime = trainer.RuntimeConfig(
+      distribution_strategy=strategy,
+      num_cpu_devices=2 if strategy == "mirrored" else 0, seed=1)
+  config = trainer.TrainerConfig(
+      train_steps=steps, steps_per_loop=10, summary_interval=10,
+      global_batch_size=32, checkpoint_interval=steps)
+  experiment.run(task, "train", model_dir, runtime, config)
+  losses = helpers.read_scalars(os.path.join(model_dir, "train"))["loss"]
+  return helpers.checkpoint_weights(model_dir), [v for _, v in losses]
+
+
+def test_one_device_and_mirrored_give_same_weights_and_loss(tmp_path):
+  one_w, one_loss = _train(helpers.LinearRegression(), "one_device",
+                           str(tmp_path / "one"))
+  two_w, two_loss = _train(helpers.LinearRegression(), "mirrored",
+                           str(tmp_path / "two"))
+  assert helpers.max_weight_difference(one_w, two_w) < TIGHT
+  assert one_loss == pytest.approx(two_loss, rel=1e-5)
+  assert one_loss[-1] < one_loss[0] / 5  # It learned something.
+
+
+def test_per_replica_loss_scaling_breaks_the_same_check(tmp_path):
+  one_w, one_loss = _train(helpers.PerReplicaMeanLinearRegression(),
+                           "one_device", str(tmp_path / "one"))
+  two_w, two_loss = _train(helpers.PerReplicaMeanLinearRegression(),
+                           "mirrored", str(tmp_path / "two"))
+  assert helpers.max_weight_difference(one_w, two_w) > 100 * TIGHT
+  # Summing two per-replica means doubles the reported loss (and the step).
+  assert all(two > 1.3 * one for one, two in zip(one_loss, two_loss))
+
+
+def test_regularization_losses_are_divided_by_replicas(tmp_path):
+  class Regularized(helpers.LinearRegression):
+
+    def build_model(self):
+      model = super().build_model()
+      model.layers[0].kernel_regularizer = None
+      model.add_loss(lambda: 0.01 * tf.reduce_sum(
+          tf.square(model.layers[0].kernel)))
+      return model
+
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  one_w, one_loss = _train(Regularized(), "one_device", str(tmp_path / "one"))
+  two_w, two_loss = _train(Regularized(), "mirrored", str(tmp_path / "two"))
+  assert helpers.max_weight_difference(one_w, two_w) < TIGHT
+  assert one_loss == pytest.approx(two_loss, rel=1e-5)
