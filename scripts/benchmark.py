@@ -12,7 +12,8 @@ prefetched) and one strategy object, it times four contenders:
          its progress line printed every loop; no checkpoints.
   bare   a `tf.function` with `for _ in tf.range(n)` around `strategy.run`
          over an `experimental_distribute_dataset` iterator, as in
-         TensorFlow's custom-training-loop tutorial.
+         TensorFlow's custom-training-loop tutorial, called with
+         n = `steps_per_loop` and nothing else done between calls.
   orbit  raw `orbit.Controller` and an `orbit.StandardTrainer` with the same
          step and a mean-loss metric; no summaries, no checkpoints.
   keras  tf_keras `Model.fit` with `steps_per_execution=steps_per_loop`.
@@ -52,6 +53,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
 import trainer  # noqa: E402  Selects Keras 2 before TensorFlow loads.
 from absl import app
 from absl import flags
+from absl import logging
 import numpy as np
 import orbit
 import tensorflow as tf
@@ -85,6 +87,7 @@ GLOBAL_BATCH_SIZE = 256
 NUM_EXAMPLES = 4096
 LEARNING_RATE = 0.01
 
+# Runs n more steps, then returns the optimizer's step count read on the host.
 Run = Callable[[int], int]
 
 
@@ -192,14 +195,19 @@ def build_ours(strategy: tf.distribute.Strategy,
   return run
 
 
-def build_bare(strategy: tf.distribute.Strategy,
-               dataset: tf.data.Dataset) -> Run:
-  """Returns a run function over a bare `tf.function` loop."""
+def build_bare(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset,
+               steps_per_loop: int) -> Run:
+  """Returns a run function over a bare `tf.function` loop.
+
+  Like the other contenders, it returns to Python every `steps_per_loop`
+  steps, and does nothing there.
+  """
   with strategy.scope():
     model = build_model()
     optimizer = tf_keras.optimizers.SGD(LEARNING_RATE)
   replica_step = make_replica_step(model, optimizer)
   iterator = iter(strategy.experimental_distribute_dataset(dataset))
+  loop_steps = tf.constant(steps_per_loop)
 
   @tf.function
   def train_steps(iterator, num_steps):
@@ -207,7 +215,8 @@ def build_bare(strategy: tf.distribute.Strategy,
       strategy.run(replica_step, args=next(iterator))
 
   def run(num_steps: int) -> int:
-    train_steps(iterator, tf.constant(num_steps))
+    for _ in range(num_steps // steps_per_loop):
+      train_steps(iterator, loop_steps)
     return int(optimizer.iterations.numpy())
 
   return run
@@ -304,7 +313,7 @@ def benchmark(strategy: tf.distribute.Strategy,
   runs = {
       "ours": build_ours(strategy, runtime, RandomMlpTask(features, labels),
                          steps_per_loop, train_steps, summary_dir),
-      "bare": build_bare(strategy, dataset),
+      "bare": build_bare(strategy, dataset, steps_per_loop),
       "orbit": build_orbit(strategy, dataset, steps_per_loop),
       "keras": build_keras(strategy, dataset, steps_per_loop),
   }
@@ -344,6 +353,9 @@ def report(steps_per_loop: int, num_steps: int,
 def main(argv):
   del argv
   wall_start = time.perf_counter()
+  if not FLAGS["verbosity"].present:
+    # As in train.py: INFO logs would repeat the per-loop progress lines.
+    logging.set_verbosity(logging.WARNING)
   mirrored = FLAGS.strategy == "mirrored"
   runtime = trainer.RuntimeConfig(
       distribution_strategy=FLAGS.strategy,

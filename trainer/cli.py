@@ -50,7 +50,7 @@ def configured_task(task: task_lib.Task = gin.REQUIRED) -> task_lib.Task:
 
 def _registered_configurables() -> List[str]:
   registry = getattr(gin.config, "_REGISTRY", None)
-  return sorted(registry) if registry is not None else []
+  return sorted(name for name, _ in registry.items()) if registry else []
 
 
 def _parameter_names(configurable_name: str) -> List[str]:
@@ -84,9 +84,12 @@ def _suggestion(message: str) -> str:
 
 def _one_line(error: BaseException) -> str:
   """Condenses a gin or validation error to `location: problem`."""
-  if isinstance(error, SyntaxError) and error.filename:
-    text = (error.msg or "").split(" (line")[0]
-    return f"{error.filename}:{error.lineno}: gin syntax error: {text}"
+  if isinstance(error, SyntaxError):
+    text = (error.msg or "").split(" (line")[0].rstrip(".")
+    if error.filename:
+      return f"{error.filename}:{error.lineno}: gin syntax error: {text}"
+    where = f" in {error.text.strip()!r}" if (error.text or "").strip() else ""
+    return f"--gin_param: gin syntax error: {text}{where}"
   message = str(error).strip() or type(error).__name__
   lines = [line.strip() for line in message.splitlines() if line.strip()]
   location = ""
@@ -102,7 +105,13 @@ def _one_line(error: BaseException) -> str:
   problem = lines[0] if lines else message
   if isinstance(error, ImportError):
     problem = f"cannot import: {problem}"
-  return f"{location}{problem}{_suggestion(message)}"
+  if "Required bindings for `experiment`" in problem:
+    problem = ("no task configured: bind `experiment.task = @SomeTask()` in a "
+               "gin file")
+  suggestion = _suggestion(message)
+  if suggestion:
+    problem = problem.rstrip(".")
+  return f"{location}{problem}{suggestion}"
 
 
 def load_config(gin_files: Sequence[str], gin_params: Sequence[str]
@@ -159,18 +168,13 @@ def parse_flags(argv: List[str]) -> List[str]:
     _fail(str(e).splitlines()[0])
 
 
-def main(argv: Sequence[str]) -> int:
-  """Runs the experiment the flags describe; returns the exit code."""
-  if len(argv) > 1:
-    _fail(f"unexpected arguments: {' '.join(argv[1:])}")
+def main(model_dir: str, task: task_lib.Task,
+         runtime: runtime_lib.RuntimeConfig,
+         config: experiment.TrainerConfig) -> int:
+  """Runs the validated experiment in `FLAGS.mode`; returns the exit code."""
   if not FLAGS["verbosity"].present:
     # Progress and eval lines are printed; INFO logs would repeat them.
     logging.set_verbosity(logging.WARNING)
-  try:
-    model_dir = _check_model_dir(FLAGS.model_dir)
-    task, runtime, config = load_config(FLAGS.gin_file, FLAGS.gin_param)
-  except errors.ConfigError as e:
-    _fail(str(e))
   logging.info("task %s, mode %s, model_dir %s", type(task).__name__,
                FLAGS.mode, model_dir)
   try:
@@ -185,5 +189,19 @@ def main(argv: Sequence[str]) -> int:
 
 
 def run() -> None:
-  """Entry point used by `train.py`."""
-  app.run(main, flags_parser=parse_flags)
+  """Entry point used by `train.py`.
+
+  Flags are parsed and the configuration validated before `absl.app.run`,
+  whose start-up initialises TensorFlow's devices (and, on machines without
+  a GPU, prints a CUDA error line) before a bad configuration could be
+  reported.
+  """
+  argv = parse_flags(sys.argv)
+  if len(argv) > 1:
+    _fail(f"unexpected arguments: {' '.join(argv[1:])}")
+  try:
+    model_dir = _check_model_dir(FLAGS.model_dir)
+    loaded = load_config(FLAGS.gin_file, FLAGS.gin_param)
+  except errors.ConfigError as e:
+    _fail(str(e))
+  app.run(lambda _: main(model_dir, *loaded), argv=sys.argv[:1])
