@@ -162,8 +162,9 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
     trainer = runners.TaskTrainer(
         task, model, optimizer, strategy, train_input, global_step,
         run_eagerly=runtime.run_eagerly, enable_xla=runtime.enable_xla)
-    checkpoint_items.update(optimizer=optimizer,
-                            train_iterator=trainer.train_iterator)
+    checkpoint_items["optimizer"] = optimizer
+    if inputs_lib.is_checkpointable(train_input.dataset):
+      checkpoint_items["train_iterator"] = trainer.train_iterator
   if evaluating:
     evaluator = runners.TaskEvaluator(task, model, strategy, eval_input,
                                       global_step,

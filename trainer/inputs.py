@@ -12,6 +12,7 @@ split path measured slightly faster than a distributed iterator.
 
 from typing import Callable
 
+from absl import logging
 import tensorflow as tf
 
 from trainer import errors
@@ -94,3 +95,23 @@ class DistributedInput:
 
     return self._strategy.experimental_distribute_values_from_function(
         replica_slice)
+
+
+def is_checkpointable(dataset: tf.data.Dataset) -> bool:
+  """Whether an iterator over `dataset` can be saved; warns when it cannot.
+
+  Pipelines with Python state (`from_generator`, `py_function`, tfds mock
+  data) cannot. tf.data has no public check: serialising the dataset graph
+  while refusing external state is the one that saving the iterator makes.
+  """
+  try:
+    dataset._as_serialized_graph(  # pylint: disable=protected-access
+        external_state_policy=tf.data.experimental.ExternalStatePolicy.FAIL)
+    return True
+  except (tf.errors.FailedPreconditionError,
+          tf.errors.UnimplementedError) as e:
+    logging.warning(
+        "The training input cannot be checkpointed (%s); a restarted run "
+        "reads its data from the beginning again.",
+        e.message.split("[Op:")[0].split("}}")[-1].strip())
+    return False

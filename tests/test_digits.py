@@ -1,0 +1,64 @@
+"""The shipped digits job, run as a user runs it: through train.py."""
+
+import os
+
+import pytest
+
+from tasks import digits
+
+import helpers
+
+DIGITS = "--gin_file=gin/digits.gin"
+
+
+def test_split_is_fixed_and_disjoint():
+  train_images, train_labels = digits.load_split(training=True)
+  eval_images, eval_labels = digits.load_split(training=False)
+  assert train_images.shape == (1437, 8, 8, 1)
+  assert eval_images.shape == (360, 8, 8, 1)
+  assert 0.0 <= train_images.min() and train_images.max() <= 1.0
+  assert set(train_labels) == set(eval_labels) == set(range(10))
+  train_rows = {image.tobytes() for image in train_images}
+  assert sum(image.tobytes() in train_rows for image in eval_images) < 5
+  again, _ = digits.load_split(training=False)
+  assert (again == eval_images).all()
+
+
+def test_digits_reaches_the_accuracy_bar(tmp_path):
+  model_dir = tmp_path / "digits"
+  result = helpers.run_cli([DIGITS, f"--model_dir={model_dir}"])
+  assert result.returncode == 0, result.stderr[-2000:]
+  evals = helpers.read_scalars(os.path.join(model_dir, "eval"))
+  step, accuracy = evals["accuracy"][-1]
+  assert step == 1000
+  assert accuracy >= 0.95
+  assert f"final eval | accuracy {accuracy:.4f}" in result.stdout
+  assert (model_dir / "operative_config.gin").exists()
+  progress = [line for line in result.stdout.splitlines()
+              if line.startswith("train | step ") and "/1000" in line]
+  assert len(progress) == 10  # One line per loop of 100 steps.
+  assert all("steps/s" in line and "examples/s" in line and "loss" in line
+             and "ETA" in line for line in progress)
+
+
+@pytest.mark.parametrize("runtime", [
+    ['--gin_param=runtime.distribution_strategy="mirrored"',
+     "--gin_param=runtime.num_cpu_devices=2"],
+    ["--gin_file=gin/runtime/cpu_mirrored.gin"],
+])
+def test_digits_is_replica_invariant(tmp_path, runtime):
+  common = [DIGITS, "--gin_param=trainer.train_steps=300",
+            "--gin_param=runtime.seed=0", "--mode=train"]
+  one = helpers.run_cli(common + [
+      '--gin_param=runtime.distribution_strategy="one_device"',
+      f"--model_dir={tmp_path / 'one'}"])
+  two = helpers.run_cli(common + runtime + [f"--model_dir={tmp_path / 'two'}"])
+  assert one.returncode == 0, one.stderr[-2000:]
+  assert two.returncode == 0, two.stderr[-2000:]
+  one_weights = helpers.checkpoint_weights(str(tmp_path / "one"))
+  two_weights = helpers.checkpoint_weights(str(tmp_path / "two"))
+  assert helpers.max_weight_difference(one_weights, two_weights) < 1e-4
+  one_loss = helpers.read_scalars(str(tmp_path / "one" / "train"))["loss"]
+  two_loss = helpers.read_scalars(str(tmp_path / "two" / "train"))["loss"]
+  assert [v for _, v in one_loss] == pytest.approx([v for _, v in two_loss],
+                                                   rel=1e-4)
