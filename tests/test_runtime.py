@@ -96,3 +96,22 @@ def test_seed_makes_initial_weights_repeatable():
     layer.build((None, 3))
     weights.append(layer.kernel.numpy())
   assert (weights[0] == weights[1]).all()
+
+
+def test_cpu_mirrored_strategies_can_follow_each_other():
+  config = runtime.RuntimeConfig(distribution_strategy="mirrored",
+                                 num_cpu_devices=2)
+  for size in (5, 3):  # Different shapes in each strategy's all-reduce.
+    strategy = runtime.create_strategy(config)
+    with strategy.scope():
+      variable = tf.Variable(tf.zeros([size]))
+
+    @tf.function
+    def step(variable=variable, strategy=strategy):
+      def replica_fn():
+        context = tf.distribute.get_replica_context()
+        return context.all_reduce("sum", tf.ones_like(variable))
+      return strategy.run(replica_fn)
+
+    results = strategy.experimental_local_results(step())
+    assert [r.numpy().tolist() for r in results] == [[2.0] * size] * 2

@@ -168,8 +168,12 @@ def create_strategy(config: RuntimeConfig) -> tf.distribute.Strategy:
   if (config.distribution_strategy == "mirrored" and config.num_gpus == 0 and
       config.num_cpu_devices > 1):
     # `distribute_utils` only mirrors over GPUs; logical CPUs are our addition.
+    # Reducing on one device rather than with collectives: a second
+    # collective strategy in the same process (a notebook, a test session)
+    # reuses collective instance keys and fails with a shape mismatch.
     return tf.distribute.MirroredStrategy(
-        devices=[f"/cpu:{i}" for i in range(config.num_cpu_devices)])
+        devices=[f"/cpu:{i}" for i in range(config.num_cpu_devices)],
+        cross_device_ops=tf.distribute.ReductionToOneDevice("/cpu:0"))
   return distribute_utils.get_distribution_strategy(
       distribution_strategy=config.distribution_strategy,
       num_gpus=config.num_gpus,
