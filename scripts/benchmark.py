@@ -46,8 +46,8 @@ import tempfile
 import time
 from typing import Callable, Dict, List
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import trainer  # noqa: E402  Selects Keras 2 before TensorFlow loads.
@@ -185,8 +185,7 @@ def build_ours(strategy: tf.distribute.Strategy,
       train_steps=train_steps,
       global_batch_size=GLOBAL_BATCH_SIZE,
       train_summary_writer=tf.summary.create_file_writer(summary_dir),
-      # pylint: disable-next=protected-access
-      learning_rate_fn=lambda: experiment._learning_rate(optimizer))
+      learning_rate_fn=lambda: experiment.current_learning_rate(optimizer))
 
   def run(num_steps: int) -> int:
     controller.train(controller.step + num_steps)

@@ -1,14 +1,15 @@
 """`Controller`: Orbit's outer loop with a lean per-loop path.
 
 Everything but the per-loop hot path is `orbit.Controller`'s own: the modes
-(`train`, `evaluate`, `train_and_evaluate`), checkpoint cadence and eval
-summaries. `_train_n_steps` is replaced because Orbit's reads the global step
+(`evaluate`, `train_and_evaluate`, restoring), eval summaries and actions.
+`train` and `_train_n_steps` are replaced because Orbit's reads the global step
 from the device three times, converts every output to NumPy, writes and
 flushes every output as a summary on every loop and prints an unformatted
 dict; at `steps_per_loop=1` that kept raw Orbit at 0.42-0.61x of a bare
 `tf.function` loop on this stack (shared/NOTES.md). Here a loop costs one
 `tf.function` call, one scalar read for the progress line, and summaries only
-every `summary_interval` steps.
+every `summary_interval` steps (scripts/benchmark.py measures the result).
+Checkpoints are saved at multiples of `checkpoint_interval`.
 """
 
 import time
@@ -81,6 +82,22 @@ class Controller(orbit.Controller):
     if path:
       _log(f"restored checkpoint {path} at step {self._step}")
     return path
+
+  def train(self, steps: int, checkpoint_at_completion: bool = True) -> None:
+    """Trains until the global step reaches `steps`; see `orbit.Controller`.
+
+    Orbit's loop reads the step back from the device after every loop; the
+    step is known here, so this one does not.
+    """
+    self._require("trainer", for_method="train")
+    if self._step < steps:
+      _log(f"train | from step {self._step} to step {steps}")
+    while self._step < steps:
+      self._train_n_steps(min(steps - self._step, self.steps_per_loop))
+      self._maybe_save_checkpoint()
+    if checkpoint_at_completion:
+      self._maybe_save_checkpoint(check_interval=False)
+    self._sync_on_async_checkpointing()
 
   def _maybe_save_checkpoint(self, check_interval: bool = True) -> bool:
     """Saves when the step crosses a multiple of `checkpoint_interval`.

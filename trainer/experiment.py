@@ -97,7 +97,8 @@ def _ensure_built(model: tf_keras.Model, element_spec) -> None:
   model(dummy, training=False)
 
 
-def _learning_rate(optimizer: tf_keras.optimizers.Optimizer) -> float:
+def current_learning_rate(optimizer: tf_keras.optimizers.Optimizer) -> float:
+  """Returns the optimizer's learning rate now, schedules included."""
   rate = optimizer.learning_rate
   if callable(rate):
     rate = rate(optimizer.iterations)
@@ -193,7 +194,7 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
       checkpoint_interval=config.checkpoint_interval,
       global_batch_size=config.global_batch_size,
       train_summary_writer=train_writer,
-      learning_rate_fn=(lambda: _learning_rate(optimizer)) if training else None,
+      learning_rate_fn=(lambda: current_learning_rate(optimizer)) if training else None,
       partial_restore=not training)
 
   if mode == "train":

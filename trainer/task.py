@@ -124,7 +124,8 @@ class Task:
     """Folds one eval step's logs into `state`, eagerly; None to skip.
 
     Override to compute metrics that need every output (AUC over the whole
-    set, a confusion matrix); `step_logs` values are per-replica.
+    set, a confusion matrix). Each value of `step_logs` is a tuple with one
+    tensor per local replica, as in Model Garden.
     """
     del step_logs
     return state

@@ -1,0 +1,68 @@
+"""Task runners: eager execution and whole-set eval aggregation."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import trainer
+from trainer import experiment
+
+import helpers
+
+
+def _config(**overrides):
+  settings = dict(train_steps=12, steps_per_loop=4, summary_interval=4,
+                  global_batch_size=16, eval_batch_size=24)
+  settings.update(overrides)
+  return trainer.TrainerConfig(**settings)
+
+
+def test_run_eagerly_runs_python_every_step_with_the_same_result(tmp_path):
+  class Recording(helpers.LinearRegression):
+    calls = []
+
+    def train_step(self, inputs, model, optimizer, metrics=None):
+      Recording.calls.append(tf.executing_eagerly())
+      return super().train_step(inputs, model, optimizer, metrics)
+
+  experiment.run(Recording(), "train", str(tmp_path / "eager"),
+                 trainer.RuntimeConfig(run_eagerly=True, seed=0), _config())
+  assert Recording.calls == [True] * 12
+  Recording.calls.clear()
+  experiment.run(Recording(), "train", str(tmp_path / "graph"),
+                 trainer.RuntimeConfig(seed=0), _config())
+  # Traced (once or twice: autograph may trace the loop body twice), not run.
+  assert 1 <= len(Recording.calls) <= 2 and not any(Recording.calls)
+  assert helpers.max_weight_difference(
+      helpers.checkpoint_weights(str(tmp_path / "eager")),
+      helpers.checkpoint_weights(str(tmp_path / "graph"))) < 1e-5
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_aggregate_logs_sees_every_eval_example_once(tmp_path, strategy):
+  class Aggregating(helpers.LinearRegression):
+    """Reports the largest absolute error over the whole eval set."""
+
+    def validation_step(self, inputs, model, metrics=None):
+      logs = super().validation_step(inputs, model, metrics)
+      logs["errors"] = tf.abs(inputs[1] - model(inputs[0]))[:, 0]
+      return logs
+
+    def aggregate_logs(self, state=None, step_logs=None):
+      state = [] if state is None else state
+      if step_logs is not None:
+        state.extend(t.numpy() for t in step_logs["errors"])
+      return state
+
+    def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
+      errors = np.concatenate(aggregated_logs)
+      return {"max_error": errors.max(), "count": float(errors.size)}
+
+  task = Aggregating(num_examples=100)  # Eval batches of 24: partial last.
+  runtime = trainer.RuntimeConfig(
+      distribution_strategy=strategy, seed=0,
+      num_cpu_devices=2 if strategy == "mirrored" else 0)
+  output = experiment.run(task, "train_and_eval", str(tmp_path), runtime,
+                          _config())
+  assert output["count"] == 100.0
+  assert output["max_error"] >= output["mae"] > 0
