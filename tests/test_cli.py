@@ -140,7 +140,8 @@ def test_user_task_outside_the_repo_via_gin_import(tmp_path):
       trainer.global_batch_size = 8
       trainer.eval_batch_size = 8
   '''))
-  result = helpers.run_cli(["--gin_file=my.gin", "--gin_param=trainer.train_steps=30",
+  result = helpers.run_cli(["--gin_file=my.gin",
+                            "--gin_param=trainer.train_steps=30",
                             "--model_dir=run"], cwd=str(tmp_path))
   assert result.returncode == 0, result.stderr
   assert helpers.checkpoint_step(str(tmp_path / "run")) == 30

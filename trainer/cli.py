@@ -1,7 +1,7 @@
 """Command line: gin files and bindings in, a validated experiment run out.
 
-`python train.py --gin_file=gin/digits.gin --gin_param='trainer.train_steps=2000'
---model_dir=runs/digits [--mode=train_and_eval]`
+    python train.py --gin_file=gin/digits.gin --model_dir=runs/digits \
+        --gin_param='trainer.train_steps=2000' [--mode=train_and_eval]
 
 Configuration errors (gin syntax, unknown or misspelled names, bad values,
 bad flags) end the process with exit code 2 and one line on stderr, before
@@ -128,7 +128,8 @@ def load_config(gin_files: Sequence[str], gin_params: Sequence[str]
     sys.path.insert(0, os.getcwd())
   gin.add_config_file_search_path(REPO_ROOT)
   if not gin_files:
-    raise errors.ConfigError("no --gin_file given; try --gin_file=gin/digits.gin")
+    raise errors.ConfigError(
+        "no --gin_file given; try --gin_file=gin/digits.gin")
   for path in gin_files:
     if not any(os.path.isfile(os.path.join(base, path))
                for base in ("", REPO_ROOT)):
@@ -146,7 +147,8 @@ def _check_model_dir(model_dir: Optional[str]) -> str:
   if not model_dir:
     raise errors.ConfigError("--model_dir is required.")
   if os.path.exists(model_dir) and not os.path.isdir(model_dir):
-    raise errors.ConfigError(f"--model_dir ({model_dir}) is a file, not a directory.")
+    raise errors.ConfigError(
+        f"--model_dir ({model_dir}) is a file, not a directory.")
   existing = model_dir
   while not os.path.exists(existing):
     existing = os.path.dirname(os.path.abspath(existing))

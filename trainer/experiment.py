@@ -61,18 +61,21 @@ class TrainerConfig:
       value = getattr(self, field.name)
       if field.type is int and (not isinstance(value, int) or
                                 isinstance(value, bool)):
-        raise errors.ConfigError(f"`trainer.{field.name}` ({value!r}) must be an "
-                         "integer.")
+        raise errors.ConfigError(
+            f"`trainer.{field.name}` ({value!r}) must be an "
+            "integer.")
     positive = ("train_steps", "steps_per_loop", "global_batch_size",
                 "eval_batch_size", "checkpoint_interval", "summary_interval",
                 "max_to_keep")
     for name in positive:
       if getattr(self, name) < 1:
-        raise errors.ConfigError(f"`trainer.{name}` ({getattr(self, name)}) must be "
-                         "positive.")
+        raise errors.ConfigError(
+            f"`trainer.{name}` ({getattr(self, name)}) must be "
+            "positive.")
     if self.validation_steps == 0 or self.validation_steps < -1:
-      raise errors.ConfigError(f"`trainer.validation_steps` ({self.validation_steps})"
-                       " must be positive, or -1 for a full pass.")
+      raise errors.ConfigError(
+          f"`trainer.validation_steps` ({self.validation_steps})"
+          " must be positive, or -1 for a full pass.")
     if self.validation_interval < 0:
       raise errors.ConfigError("`trainer.validation_interval` "
                        f"({self.validation_interval}) must be >= 0.")
@@ -122,16 +125,18 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
     The last evaluation's results (name -> NumPy value), or {} if none ran.
 
   Raises:
-    errors.ConfigError: For an unknown mode, or `eval` with no checkpoint to read.
+    errors.ConfigError: For an unknown mode, or `eval` without a checkpoint.
   """
   runtime = runtime or runtime_lib.RuntimeConfig()
   config = config or TrainerConfig()
   if mode not in MODES:
-    raise errors.ConfigError(f"`mode` ({mode!r}) must be one of: {', '.join(MODES)}.")
+    raise errors.ConfigError(
+        f"`mode` ({mode!r}) must be one of: {', '.join(MODES)}.")
   training = mode in ("train", "train_and_eval")
   evaluating = mode != "train"
   if mode == "eval" and tf.train.latest_checkpoint(model_dir) is None:
-    raise errors.ConfigError(f"no checkpoint to evaluate in `model_dir` ({model_dir}).")
+    raise errors.ConfigError(
+        f"no checkpoint to evaluate in `model_dir` ({model_dir}).")
 
   strategy = runtime_lib.create_strategy(runtime)
   runtime_lib.set_precision_policy(runtime)
@@ -174,7 +179,8 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   os.makedirs(model_dir, exist_ok=True)
   manager = checkpoints.create_manager(
       tf.train.Checkpoint(**checkpoint_items), model_dir, config.max_to_keep,
-      global_step, init_fn=(lambda: task.initialize(model)) if training else None)
+      global_step,
+      init_fn=(lambda: task.initialize(model)) if training else None)
   train_writer = None
   if training:
     train_writer = tf.summary.create_file_writer(
@@ -194,7 +200,8 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
       checkpoint_interval=config.checkpoint_interval,
       global_batch_size=config.global_batch_size,
       train_summary_writer=train_writer,
-      learning_rate_fn=(lambda: current_learning_rate(optimizer)) if training else None,
+      learning_rate_fn=((lambda: current_learning_rate(optimizer))
+                        if training else None),
       partial_restore=not training)
 
   if mode == "train":

@@ -28,7 +28,8 @@ def per_replica_batch_size(global_batch_size: int, num_replicas: int,
     errors.ConfigError: If the batch does not divide evenly over the replicas.
   """
   if global_batch_size < 1:
-    raise errors.ConfigError(f"`{name}` ({global_batch_size}) must be positive.")
+    raise errors.ConfigError(
+        f"`{name}` ({global_batch_size}) must be positive.")
   if global_batch_size % num_replicas:
     raise errors.ConfigError(
         f"`{name}` ({global_batch_size}) must be divisible by the number of "

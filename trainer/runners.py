@@ -14,7 +14,8 @@ from trainer import inputs as inputs_lib
 from trainer import task as task_lib
 
 
-def _metric_results(metrics: List[tf_keras.metrics.Metric]) -> Dict[str, tf.Tensor]:
+def _metric_results(
+    metrics: List[tf_keras.metrics.Metric]) -> Dict[str, tf.Tensor]:
   return {metric.name: metric.result() for metric in metrics}
 
 
@@ -22,9 +23,9 @@ class TaskTrainer(orbit.StandardTrainer):
   """Runs a Task's `train_step` on every replica, `steps_per_loop` at a time.
 
   `train(n)` runs n steps inside one `tf.function` (a `tf.while_loop`) unless
-  `run_eagerly`, and returns the mean loss of those steps as `loss`. Task metrics keep
-  accumulating across loops until `read_and_reset_metrics()`, so summaries
-  cover every step since the last summary.
+  `run_eagerly`, and returns the mean loss of those steps as `loss`. Task
+  metrics keep accumulating across loops until `read_and_reset_metrics()`, so
+  summaries cover every step since the last summary.
   """
 
   def __init__(self, task: task_lib.Task, model: tf_keras.Model,
@@ -158,10 +159,11 @@ class TaskEvaluator(orbit.StandardEvaluator):
   def eval_reduce(self, state=None, step_outputs=None):
     return self.task.aggregate_logs(state, step_outputs)
 
-  def eval_end(self, aggregated_logs=None) -> Dict[str, tf.Tensor]:
+  def eval_end(self, aggregated_logs=None) -> Dict[str, float]:
     results = {"loss": self._loss.result()}
     results.update(_metric_results(self.metrics))
     if self._aggregates:
       results.update(self.task.reduce_aggregated_logs(
           aggregated_logs, global_step=self.global_step))
-    return results
+    # Python floats print readably in Orbit's eval line.
+    return {name: float(value) for name, value in results.items()}

@@ -75,43 +75,52 @@ class RuntimeConfig:
                   PRECISIONS)
     if self.loss_scale != "dynamic" and not (
         _is_number(self.loss_scale) and self.loss_scale > 0):
-      raise errors.ConfigError(f"`runtime.loss_scale` ({self.loss_scale!r}) must be "
-                       "'dynamic' or a positive number.")
+      raise errors.ConfigError(
+          f"`runtime.loss_scale` ({self.loss_scale!r}) must be "
+          "'dynamic' or a positive number.")
     for name in ("num_packs", "num_gpus", "num_cpu_devices", "task_index"):
       if not _is_int(getattr(self, name)):
-        raise errors.ConfigError(f"`runtime.{name}` ({getattr(self, name)!r}) must be "
-                         "an integer.")
+        raise errors.ConfigError(
+            f"`runtime.{name}` ({getattr(self, name)!r}) must be "
+            "an integer.")
     if self.seed is not None and not _is_int(self.seed):
       raise errors.ConfigError(f"`runtime.seed` ({self.seed!r}) must be an "
                                "integer or None.")
     for name in ("run_eagerly", "enable_xla"):
       if not isinstance(getattr(self, name), bool):
-        raise errors.ConfigError(f"`runtime.{name}` ({getattr(self, name)!r}) must be "
-                         "True or False.")
+        raise errors.ConfigError(
+            f"`runtime.{name}` ({getattr(self, name)!r}) must be "
+            "True or False.")
     if self.num_packs < 1:
-      raise errors.ConfigError(f"`runtime.num_packs` ({self.num_packs}) must be >= 1.")
+      raise errors.ConfigError(
+          f"`runtime.num_packs` ({self.num_packs}) must be >= 1.")
     if self.num_gpus < 0 or self.num_cpu_devices < 0:
-      raise errors.ConfigError("`runtime.num_gpus` and `runtime.num_cpu_devices` must "
-                       "not be negative.")
+      raise errors.ConfigError(
+          "`runtime.num_gpus` and `runtime.num_cpu_devices` must "
+          "not be negative.")
     if self.distribution_strategy in _NOT_YET_SUPPORTED:
       raise errors.ConfigError(
           f"`runtime.distribution_strategy` '{self.distribution_strategy}' is "
           "not yet supported; use 'default', 'one_device' or 'mirrored'.")
     if self.worker_hosts is not None or self.task_index != -1:
-      raise errors.ConfigError("`runtime.worker_hosts` and `runtime.task_index` need a "
-                       "multi-worker strategy, which is not yet supported.")
+      raise errors.ConfigError(
+          "`runtime.worker_hosts` and `runtime.task_index` need a "
+          "multi-worker strategy, which is not yet supported.")
     if self.tpu is not None:
-      raise errors.ConfigError("`runtime.tpu` needs `distribution_strategy='tpu'`, "
-                       "which is not yet supported.")
+      raise errors.ConfigError(
+          "`runtime.tpu` needs `distribution_strategy='tpu'`, "
+          "which is not yet supported.")
     if self.all_reduce_alg is not None:
       if self.distribution_strategy != "mirrored":
-        raise errors.ConfigError("`runtime.all_reduce_alg` applies to 'mirrored' only, "
-                         f"not '{self.distribution_strategy}'.")
+        raise errors.ConfigError(
+            "`runtime.all_reduce_alg` applies to 'mirrored' only, "
+            f"not '{self.distribution_strategy}'.")
       _check_choice("all_reduce_alg", self.all_reduce_alg,
                     MIRRORED_ALL_REDUCE_ALGS)
     if self.num_gpus and self.num_cpu_devices > 1:
-      raise errors.ConfigError("`runtime.num_gpus` and `runtime.num_cpu_devices` "
-                       "cannot both be set: replicas are GPUs or CPUs.")
+      raise errors.ConfigError(
+          "`runtime.num_gpus` and `runtime.num_cpu_devices` "
+          "cannot both be set: replicas are GPUs or CPUs.")
     if self.enable_xla and self.distribution_strategy == "mirrored":
       raise errors.ConfigError("`runtime.enable_xla` is not yet supported with "
                        "'mirrored'; use 'default' or 'one_device'.")

@@ -54,7 +54,8 @@ class Task:
     raise NotImplementedError(
         f"{type(self).__name__} must define build_losses.")
 
-  def build_metrics(self, training: bool = True) -> List[tf_keras.metrics.Metric]:
+  def build_metrics(self,
+                    training: bool = True) -> List[tf_keras.metrics.Metric]:
     """Returns metrics updated by `process_metrics`; none by default."""
     del training
     return []
