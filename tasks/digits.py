@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-import trainer
+from tasks import classification
 
 NUM_CLASSES = 10
 NUM_TRAIN = 1437
@@ -27,7 +27,7 @@ def load_split(training: bool):
 
 
 @gin.configurable
-class DigitsClassification(trainer.Task):
+class DigitsClassification(classification.ClassificationTask):
   """A small CNN classifying the 8x8 digits; reaches ~0.98 accuracy."""
 
   def __init__(self, filters: int = 32, hidden_units: int = 128,
@@ -69,15 +69,3 @@ class DigitsClassification(trainer.Task):
       dataset = dataset.shuffle(len(labels), seed=self.shuffle_seed,
                                 reshuffle_each_iteration=True)
     return dataset
-
-  def build_losses(self, labels, model_outputs, aux_losses=None):
-    del aux_losses
-    return tf_keras.losses.sparse_categorical_crossentropy(
-        labels, model_outputs, from_logits=True)
-
-  def build_metrics(self, training=True):
-    del training
-    return [tf_keras.metrics.SparseCategoricalAccuracy("accuracy")]
-
-  def create_optimizer(self):
-    return tf_keras.optimizers.Adam(self.learning_rate)

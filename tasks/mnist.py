@@ -10,11 +10,11 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 import tf_keras
 
-import trainer
+from tasks import classification
 
 
 @gin.configurable
-class MnistClassification(trainer.Task):
+class MnistClassification(classification.ClassificationTask):
   """The tutorial CNN on MNIST; the data comes from tensorflow-datasets."""
 
   def __init__(self, data_dir: Optional[str] = None,
@@ -55,18 +55,6 @@ class MnistClassification(trainer.Task):
     if training:
       dataset = dataset.shuffle(self.shuffle_buffer, seed=self.shuffle_seed)
     return dataset
-
-  def build_losses(self, labels, model_outputs, aux_losses=None):
-    del aux_losses
-    return tf_keras.losses.sparse_categorical_crossentropy(
-        labels, model_outputs, from_logits=True)
-
-  def build_metrics(self, training=True):
-    del training
-    return [tf_keras.metrics.SparseCategoricalAccuracy("accuracy")]
-
-  def create_optimizer(self):
-    return tf_keras.optimizers.Adam(self.learning_rate)
 
 
 def _normalize(image, label):
