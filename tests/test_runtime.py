@@ -22,15 +22,40 @@ from trainer import runtime
      "`runtime.all_reduce_alg` ('ring') must be one of: nccl, "
      "hierarchical_copy."),
     (dict(distribution_strategy="one_device", all_reduce_alg="nccl"),
-     "applies to 'mirrored' only"),
+     "`runtime.all_reduce_alg` applies to 'mirrored' and "
+     "'multi_worker_mirrored', not 'one_device'."),
+    (dict(distribution_strategy="multi_worker_mirrored",
+          all_reduce_alg="hierarchical_copy"),
+     "`runtime.all_reduce_alg` ('hierarchical_copy') must be one of: ring, "
+     "nccl."),
     (dict(distribution_strategy="one_device", num_cpu_devices=2),
      "'one_device' runs on one device"),
     (dict(distribution_strategy="mirrored", num_gpus=2, num_cpu_devices=2),
      "cannot both be set"),
-    (dict(distribution_strategy="multi_worker_mirrored"), "not yet supported"),
-    (dict(distribution_strategy="tpu"), "not yet supported"),
-    (dict(tpu="grpc://1.2.3.4:8470"), "`runtime.tpu` needs"),
-    (dict(worker_hosts="127.0.0.1:1"), "`runtime.worker_hosts`"),
+    (dict(distribution_strategy="parameter_server"), "not yet supported"),
+    (dict(distribution_strategy="tpu"),
+     "`runtime.distribution_strategy='tpu'` needs `runtime.tpu`: a TPU "
+     "address, or 'local' for TPUs on this host."),
+    (dict(tpu="grpc://1.2.3.4:8470"),
+     "`runtime.tpu` needs `runtime.distribution_strategy='tpu'`, not "
+     "'default'."),
+    (dict(worker_hosts="127.0.0.1:1"),
+     "`runtime.worker_hosts` needs `runtime.distribution_strategy="
+     "'multi_worker_mirrored'`, not 'default'."),
+    (dict(distribution_strategy="multi_worker_mirrored",
+          worker_hosts="127.0.0.1:1,127.0.0.1", task_index=0),
+     "`runtime.worker_hosts` entry '127.0.0.1' is not `host:port`."),
+    (dict(distribution_strategy="multi_worker_mirrored",
+          worker_hosts="127.0.0.1:1,127.0.0.1:2", task_index=2),
+     "`runtime.task_index` (2) must be in [0, 2) for 2 "
+     "`runtime.worker_hosts`."),
+    (dict(distribution_strategy="multi_worker_mirrored",
+          worker_hosts="127.0.0.1:1,127.0.0.1:2"),
+     "`runtime.task_index` (-1) must be in [0, 2)"),
+    (dict(task_index=1), "`runtime.task_index` (1) needs "
+     "`runtime.worker_hosts`."),
+    (dict(distribution_strategy="multi_worker_mirrored", num_cpu_devices=2),
+     "`runtime.num_cpu_devices` does not apply to 'multi_worker_mirrored'"),
     (dict(distribution_strategy="mirrored", enable_xla=True),
      "`runtime.enable_xla` is not yet supported with 'mirrored'"),
 ])
@@ -115,3 +140,42 @@ def test_cpu_mirrored_strategies_can_follow_each_other():
 
     results = strategy.experimental_local_results(step())
     assert [r.numpy().tolist() for r in results] == [[2.0] * size] * 2
+
+
+@pytest.mark.parametrize("tf_config,message", [
+    ("{not json", "TF_CONFIG is not valid JSON"),
+    ('{"task": {"type": "worker", "index": 0}}',
+     "TF_CONFIG needs a `cluster` object"),
+    ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", '
+     '"index": 3}}', "TF_CONFIG task {'type': 'worker', 'index': 3} does not "
+     "name a member of its cluster (worker)."),
+])
+def test_malformed_tf_config_is_a_config_error(monkeypatch, tf_config,
+                                               message):
+  monkeypatch.setenv("TF_CONFIG", tf_config)
+  with pytest.raises(errors.ConfigError) as raised:
+    runtime.create_strategy(runtime.RuntimeConfig(
+        distribution_strategy="multi_worker_mirrored"))
+  assert message in str(raised.value)
+
+
+def test_tf_config_and_worker_hosts_together_are_refused(monkeypatch):
+  monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1"]}, '
+                     '"task": {"type": "worker", "index": 0}}')
+  with pytest.raises(errors.ConfigError, match="Both TF_CONFIG and"):
+    runtime.create_strategy(runtime.RuntimeConfig(
+        distribution_strategy="multi_worker_mirrored",
+        worker_hosts="127.0.0.1:1"))
+
+
+def test_tpu_without_a_tpu_is_one_clear_error():
+  with pytest.raises(errors.ConfigError,
+                     match=r"^no TPU reachable at `runtime.tpu` \('local'\)"):
+    runtime.create_strategy(runtime.RuntimeConfig(
+        distribution_strategy="tpu", tpu="local"))
+
+
+def test_central_storage_strategy():
+  strategy = runtime.create_strategy(
+      runtime.RuntimeConfig(distribution_strategy="central_storage"))
+  assert type(strategy).__name__ == "CentralStorageStrategy"

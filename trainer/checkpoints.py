@@ -49,11 +49,3 @@ def restore(manager: tf.train.CheckpointManager,
     # when the first step creates them (deferred restoration).
     status.assert_existing_objects_matched().expect_partial()
   return path
-
-
-def latest_step(manager: tf.train.CheckpointManager) -> Optional[int]:
-  """Returns the step of the newest checkpoint, or None if there is none."""
-  path = manager.latest_checkpoint
-  if path is None:
-    return None
-  return int(path.rsplit("-", 1)[1])

@@ -41,7 +41,9 @@ class Controller(orbit.Controller):
                checkpoint_interval: int = 1,
                train_summary_writer: Optional[tf.summary.SummaryWriter] = None,
                learning_rate_fn: Optional[Callable[[], float]] = None,
-               partial_restore: bool = False, **kwargs):
+               partial_restore: bool = False,
+               restore_dir: Optional[str] = None,
+               **kwargs):
     """Builds the controller; restores the newest checkpoint if there is one.
 
     Args:
@@ -53,6 +55,10 @@ class Controller(orbit.Controller):
       learning_rate_fn: Returns the current learning rate for summaries.
       partial_restore: Restore only what this run built (eval modes), without
         warning about the rest of the checkpoint.
+      restore_dir: Where to look for the checkpoint to restore when it is not
+        where this process saves (a non-chief worker saves to a temporary
+        directory but restores the chief's checkpoints); None for the
+        checkpoint manager's directory.
       **kwargs: Passed to `orbit.Controller`.
     """
     self._train_steps = train_steps
@@ -61,7 +67,11 @@ class Controller(orbit.Controller):
     self._train_summary_writer = train_summary_writer
     self._learning_rate_fn = learning_rate_fn
     self._partial_restore = partial_restore
+    self._restore_dir = restore_dir
     self._step = None  # Python mirror of `global_step`, set at restore.
+    # Every worker must take the same save decisions, so they are based on
+    # the restored step, not on what this process's directory holds.
+    self._last_saved_step = None
     self._window_steps = 0  # Steps and loop seconds since the last summary.
     self._window_seconds = 0.0
     self._run_start = None  # (step, time) after the first loop, for the ETA.
@@ -75,10 +85,13 @@ class Controller(orbit.Controller):
       The restored path, or None when nothing was restored.
     """
     self._require("checkpoint_manager", for_method="restore_checkpoint")
+    if checkpoint_path is None and self._restore_dir is not None:
+      checkpoint_path = tf.train.latest_checkpoint(self._restore_dir)
     with self.strategy.scope():
       path = checkpoints.restore(self.checkpoint_manager, checkpoint_path,
                                  partial=self._partial_restore)
     self._step = int(self.global_step.numpy())
+    self._last_saved_step = self._step
     if path:
       _log(f"restored checkpoint {path} at step {self._step}")
     return path
@@ -106,16 +119,13 @@ class Controller(orbit.Controller):
     (steps 10, 30, 50 for an interval of 20 after a first loop of 10), and
     Orbit saves again at completion even if the step is already saved.
     """
-    manager = self.checkpoint_manager
-    if manager is None:
-      return False
-    last = checkpoints.latest_step(manager)
-    if last == self._step:
+    if self.checkpoint_manager is None or self._last_saved_step == self._step:
       return False
     if check_interval and (self._step // self._checkpoint_interval ==
-                           (last or 0) // self._checkpoint_interval):
+                           self._last_saved_step // self._checkpoint_interval):
       return False
-    path = manager.save(checkpoint_number=self._step)
+    path = self.checkpoint_manager.save(checkpoint_number=self._step)
+    self._last_saved_step = self._step
     _log(f"saved checkpoint {path}")
     return True
 

@@ -1,7 +1,11 @@
 """Wires a Task, the runtime and the Orbit controller together for a mode."""
 
+import contextlib
 import dataclasses
+import hashlib
 import os
+import shutil
+import tempfile
 from typing import Any, Dict, Optional
 
 from absl import logging
@@ -11,6 +15,7 @@ import tensorflow as tf
 import tf_keras
 
 from trainer import checkpoints
+from trainer import cluster
 from trainer import controller as controller_lib
 from trainer import errors
 from trainer import inputs as inputs_lib
@@ -141,19 +146,30 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   strategy = runtime_lib.create_strategy(runtime)
   runtime_lib.set_precision_policy(runtime)
   runtime_lib.seed_everything(runtime)
-  logging.info("strategy %s with %d replica(s)", type(strategy).__name__,
-               strategy.num_replicas_in_sync)
+  worker = cluster.worker_info(strategy)
+  logging.info("strategy %s with %d replica(s); worker %d of %d",
+               type(strategy).__name__, strategy.num_replicas_in_sync,
+               worker.worker_index, worker.num_workers)
   train_input = eval_input = None
   if training:
     train_input = inputs_lib.DistributedInput(
         strategy, lambda ctx: task.build_inputs(True, ctx),
         config.global_batch_size, training=True,
-        batch_size_name="trainer.global_batch_size")
+        batch_size_name="trainer.global_batch_size", worker=worker)
+    if worker.num_workers > 1:
+      context = train_input.input_context
+      print(f"input | worker {worker.worker_index} reads input pipeline "
+            f"{context.input_pipeline_id} of {context.num_input_pipelines}",
+            flush=True)
   if evaluating:
+    # Every worker evaluates the whole eval split: the same number of steps
+    # everywhere (no collective waits on a worker with fewer batches), and
+    # the metrics, summed over all replicas, keep their ratios.
     eval_input = inputs_lib.DistributedInput(
         strategy, lambda ctx: task.build_inputs(False, ctx),
         config.eval_batch_size, training=False,
-        batch_size_name="trainer.eval_batch_size")
+        batch_size_name="trainer.eval_batch_size", worker=worker,
+        shard=False)
   with strategy.scope():
     model = task.build_model()
     _ensure_built(model, (train_input or eval_input).dataset.element_spec)
@@ -169,54 +185,95 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
         task, model, optimizer, strategy, train_input, global_step,
         run_eagerly=runtime.run_eagerly, enable_xla=runtime.enable_xla)
     checkpoint_items["optimizer"] = optimizer
-    if inputs_lib.is_checkpointable(train_input.dataset):
+    if worker.num_workers > 1:
+      # The chief's checkpoint would hand its own input position (its shard)
+      # to every worker on restore.
+      logging.warning("multi-worker: the input position is not checkpointed; "
+                      "a restarted run reads each shard from its start.")
+    elif inputs_lib.is_checkpointable(train_input.dataset):
       checkpoint_items["train_iterator"] = trainer.train_iterator
   if evaluating:
     evaluator = runners.TaskEvaluator(task, model, strategy, eval_input,
                                       global_step,
                                       run_eagerly=runtime.run_eagerly)
 
-  os.makedirs(model_dir, exist_ok=True)
-  manager = checkpoints.create_manager(
-      tf.train.Checkpoint(**checkpoint_items), model_dir, config.max_to_keep,
-      global_step,
-      init_fn=(lambda: task.initialize(model)) if training else None)
-  train_writer = None
-  if training:
-    train_writer = tf.summary.create_file_writer(
-        os.path.join(model_dir, "train"))
-  controller = controller_lib.Controller(
-      global_step=global_step,
-      trainer=trainer,
-      evaluator=evaluator,
-      strategy=strategy,
-      train_actions=[_OperativeConfigWriter(model_dir, train_writer)]
-      if training else None,
-      steps_per_loop=config.steps_per_loop if training else None,
-      checkpoint_manager=manager,
-      summary_interval=config.summary_interval if training else None,
-      eval_summary_dir=os.path.join(model_dir, "eval") if evaluating else None,
-      train_steps=config.train_steps,
-      checkpoint_interval=config.checkpoint_interval,
-      global_batch_size=config.global_batch_size,
-      train_summary_writer=train_writer,
-      learning_rate_fn=((lambda: current_learning_rate(optimizer))
-                        if training else None),
-      partial_restore=not training)
+  with _write_directory(model_dir, worker) as write_dir:
+    manager = checkpoints.create_manager(
+        tf.train.Checkpoint(**checkpoint_items), write_dir, config.max_to_keep,
+        global_step,
+        init_fn=(lambda: task.initialize(model)) if training else None)
+    train_writer = None
+    if training:
+      train_writer = tf.summary.create_file_writer(
+          os.path.join(write_dir, "train"))
+    controller = controller_lib.Controller(
+        global_step=global_step,
+        trainer=trainer,
+        evaluator=evaluator,
+        strategy=strategy,
+        train_actions=[_OperativeConfigWriter(write_dir, train_writer)]
+        if training else None,
+        steps_per_loop=config.steps_per_loop if training else None,
+        checkpoint_manager=manager,
+        summary_interval=config.summary_interval if training else None,
+        eval_summary_dir=(os.path.join(write_dir, "eval")
+                          if evaluating else None),
+        train_steps=config.train_steps,
+        checkpoint_interval=config.checkpoint_interval,
+        global_batch_size=config.global_batch_size,
+        train_summary_writer=train_writer,
+        learning_rate_fn=((lambda: current_learning_rate(optimizer))
+                          if training else None),
+        partial_restore=not training,
+        restore_dir=model_dir)
 
-  if mode == "train":
-    controller.train(config.train_steps)
-    return {}
-  if mode == "train_and_eval":
-    output = controller.train_and_evaluate(
-        config.train_steps, config.validation_steps,
-        eval_interval=config.validation_interval or None)
-    if output is None:  # Already trained to `train_steps`: evaluate anyway.
-      output = controller.evaluate(config.validation_steps)
+    if mode == "eval":
+      return controller.evaluate(config.validation_steps)
+    if mode == "continuous_eval":
+      return _evaluate_continuously(controller, model_dir, config)
+    output = {}
+    if mode == "train":
+      controller.train(config.train_steps)
+    else:
+      output = controller.train_and_evaluate(
+          config.train_steps, config.validation_steps,
+          eval_interval=config.validation_interval or None)
+      if output is None:  # Already trained to `train_steps`: evaluate anyway.
+        output = controller.evaluate(config.validation_steps)
+    print(f"train | finished at step {controller.step} | weights fingerprint "
+          f"{weights_fingerprint(model)}", flush=True)
     return output
-  if mode == "eval":
-    return controller.evaluate(config.validation_steps)
-  return _evaluate_continuously(controller, model_dir, config)
+
+
+@contextlib.contextmanager
+def _write_directory(model_dir: str, worker: cluster.WorkerInfo):
+  """Yields where this process writes: `model_dir` for the chief only.
+
+  Other workers take part in every save and summary (they may involve
+  collectives) but write into a temporary directory of their own, removed
+  afterwards, so no two processes ever write the same file.
+  """
+  if worker.is_chief:
+    os.makedirs(model_dir, exist_ok=True)
+    yield model_dir
+    return
+  directory = tempfile.mkdtemp(prefix=f"worker{worker.worker_index}-")
+  try:
+    yield directory
+  finally:
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def weights_fingerprint(model: tf_keras.Model) -> str:
+  """Returns a short hash of every weight's bytes, in `model.weights` order.
+
+  Equal fingerprints mean bit-identical weights: compare them across
+  workers, replicas or reruns.
+  """
+  digest = hashlib.sha256()
+  for weight in model.weights:
+    digest.update(weight.numpy().tobytes())
+  return digest.hexdigest()[:16]
 
 
 class _OperativeConfigWriter:

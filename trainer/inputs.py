@@ -15,6 +15,7 @@ from typing import Callable
 from absl import logging
 import tensorflow as tf
 
+from trainer import cluster
 from trainer import errors
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
@@ -43,11 +44,14 @@ class DistributedInput:
   Attributes:
     dataset: Batches of `per_replica_batch_size * local_replicas` examples.
     per_replica_batch_size: Examples each replica receives per step.
+    input_context: The `InputContext` the dataset was built for.
   """
 
   def __init__(self, strategy: tf.distribute.Strategy, dataset_fn: DatasetFn,
                global_batch_size: int, training: bool,
-               batch_size_name: str = "global_batch_size"):
+               batch_size_name: str = "global_batch_size",
+               worker: cluster.WorkerInfo = cluster.WorkerInfo(),
+               shard: bool = True):
     """Builds the worker's dataset.
 
     Args:
@@ -58,16 +62,22 @@ class DistributedInput:
       training: Repeat forever and drop the last partial batch when True; a
         single pass that keeps the partial last batch otherwise.
       batch_size_name: How the batch size is called in error messages.
+      worker: This process's place among the workers.
+      shard: Give each worker its own input pipeline id (a disjoint shard
+        when the task shards by `InputContext`); False gives every worker the
+        whole data, as multi-worker evaluation needs.
     """
     self._strategy = strategy
     num_replicas = strategy.num_replicas_in_sync
     self.per_replica_batch_size = per_replica_batch_size(
         global_batch_size, num_replicas, batch_size_name)
-    # Single-worker strategies: one input pipeline feeds every replica.
-    self._num_local_replicas = num_replicas
+    # One input pipeline per worker feeds that worker's local replicas.
+    self._num_local_replicas = num_replicas // worker.num_workers
     context = tf.distribute.InputContext(
-        num_input_pipelines=1, input_pipeline_id=0,
+        num_input_pipelines=worker.num_workers if shard else 1,
+        input_pipeline_id=worker.worker_index if shard else 0,
         num_replicas_in_sync=num_replicas)
+    self.input_context = context
     dataset = dataset_fn(context)
     if not isinstance(dataset, tf.data.Dataset):
       raise TypeError("`build_inputs` must return a `tf.data.Dataset`, got "

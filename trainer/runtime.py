@@ -15,16 +15,19 @@ import tf_keras
 from official.common import distribute_utils
 from official.modeling import performance
 
+from trainer import cluster
 from trainer import errors
 
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored",
               "parameter_server", "central_storage", "tpu")
-# Strategies whose cluster wiring (TF_CONFIG, coordinators, TPU system
-# initialisation) is not built yet; asking for one fails before any work.
-_NOT_YET_SUPPORTED = ("multi_worker_mirrored", "parameter_server",
-                      "central_storage", "tpu")
+# Parameter-server training (coordinator-scheduled steps) is not built yet;
+# asking for it fails before any work.
+_NOT_YET_SUPPORTED = ("parameter_server",)
 PRECISIONS = ("float32", "float16", "bfloat16")
-MIRRORED_ALL_REDUCE_ALGS = ("nccl", "hierarchical_copy")
+ALL_REDUCE_ALGS = {
+    "mirrored": ("nccl", "hierarchical_copy"),
+    "multi_worker_mirrored": ("ring", "nccl"),
+}
 
 
 @gin.configurable("runtime")
@@ -38,15 +41,18 @@ class RuntimeConfig:
     mixed_precision_dtype: `float32`, `float16` (with loss scaling) or
       `bfloat16`. Variables stay float32 either way.
     loss_scale: `'dynamic'` or a positive number; used with `float16` only.
-    all_reduce_alg: For `mirrored`: `nccl` or `hierarchical_copy`; None lets
-      TensorFlow choose.
+    all_reduce_alg: `nccl` or `hierarchical_copy` for `mirrored`, `ring` or
+      `nccl` for `multi_worker_mirrored`; None lets TensorFlow choose.
     num_packs: Gradient packing for `mirrored`'s all-reduce.
     run_eagerly: Run train and eval steps without `tf.function`, so Python
       breakpoints and prints work inside them.
-    worker_hosts: Comma-separated `host:port` list of a multi-worker cluster.
+    worker_hosts: Comma-separated `host:port` list of a multi-worker cluster;
+      the framework writes TF_CONFIG from it. Without it,
+      `multi_worker_mirrored` reads an existing TF_CONFIG.
     task_index: This process's index in `worker_hosts`.
     enable_xla: Compile the per-replica computation with XLA (`jit_compile`).
-    tpu: TPU address for `TPUClusterResolver`.
+    tpu: TPU address for `TPUClusterResolver` (`local` for TPUs attached to
+      this host).
     num_gpus: GPUs used by `one_device` (at most 1) and `mirrored`.
     num_cpu_devices: Split the host CPU into this many logical devices, so
       `mirrored` runs that many replicas on a machine without accelerators.
@@ -102,33 +108,59 @@ class RuntimeConfig:
       raise errors.ConfigError(
           f"`runtime.distribution_strategy` '{self.distribution_strategy}' is "
           "not yet supported; use 'default', 'one_device' or 'mirrored'.")
-    if self.worker_hosts is not None or self.task_index != -1:
-      raise errors.ConfigError(
-          "`runtime.worker_hosts` and `runtime.task_index` need a "
-          "multi-worker strategy, which is not yet supported.")
-    if self.tpu is not None:
-      raise errors.ConfigError(
-          "`runtime.tpu` needs `distribution_strategy='tpu'`, "
-          "which is not yet supported.")
+    self._check_cluster()
     if self.all_reduce_alg is not None:
-      if self.distribution_strategy != "mirrored":
+      choices = ALL_REDUCE_ALGS.get(self.distribution_strategy)
+      if choices is None:
         raise errors.ConfigError(
-            "`runtime.all_reduce_alg` applies to 'mirrored' only, "
-            f"not '{self.distribution_strategy}'.")
-      _check_choice("all_reduce_alg", self.all_reduce_alg,
-                    MIRRORED_ALL_REDUCE_ALGS)
+            "`runtime.all_reduce_alg` applies to 'mirrored' and "
+            f"'multi_worker_mirrored', not '{self.distribution_strategy}'.")
+      _check_choice("all_reduce_alg", self.all_reduce_alg, choices)
     if self.num_gpus and self.num_cpu_devices > 1:
       raise errors.ConfigError(
           "`runtime.num_gpus` and `runtime.num_cpu_devices` "
           "cannot both be set: replicas are GPUs or CPUs.")
-    if self.enable_xla and self.distribution_strategy == "mirrored":
-      raise errors.ConfigError("`runtime.enable_xla` is not yet supported with "
-                       "'mirrored'; use 'default' or 'one_device'.")
+    if self.enable_xla and self.distribution_strategy not in ("default",
+                                                              "one_device"):
+      raise errors.ConfigError(
+          "`runtime.enable_xla` is not yet supported with "
+          f"'{self.distribution_strategy}'; use 'default' or 'one_device'.")
     if self.distribution_strategy in ("default", "one_device"):
       if self.num_gpus > 1 or self.num_cpu_devices > 1:
         raise errors.ConfigError(
             f"'{self.distribution_strategy}' runs on one device; use "
             "`runtime.distribution_strategy='mirrored'` for several.")
+
+
+  def _check_cluster(self) -> None:
+    """Checks the multi-worker and TPU fields against the strategy."""
+    strategy = self.distribution_strategy
+    if self.worker_hosts is not None:
+      if strategy != "multi_worker_mirrored":
+        raise errors.ConfigError(
+            "`runtime.worker_hosts` needs `runtime.distribution_strategy="
+            f"'multi_worker_mirrored'`, not '{strategy}'.")
+      hosts = cluster.parse_worker_hosts(self.worker_hosts)
+      if len(hosts) > 1 and not 0 <= self.task_index < len(hosts):
+        raise errors.ConfigError(
+            f"`runtime.task_index` ({self.task_index}) must be in [0, "
+            f"{len(hosts)}) for {len(hosts)} `runtime.worker_hosts`.")
+    elif self.task_index != -1:
+      raise errors.ConfigError(
+          f"`runtime.task_index` ({self.task_index}) needs "
+          "`runtime.worker_hosts`.")
+    if strategy == "multi_worker_mirrored" and self.num_cpu_devices > 1:
+      raise errors.ConfigError(
+          "`runtime.num_cpu_devices` does not apply to "
+          "'multi_worker_mirrored': each worker runs its local devices.")
+    if strategy == "tpu" and not self.tpu:
+      raise errors.ConfigError(
+          "`runtime.distribution_strategy='tpu'` needs `runtime.tpu`: a TPU "
+          "address, or 'local' for TPUs on this host.")
+    if self.tpu and strategy != "tpu":
+      raise errors.ConfigError(
+          f"`runtime.tpu` needs `runtime.distribution_strategy='tpu'`, not "
+          f"'{strategy}'.")
 
 
 def _is_int(value) -> bool:
@@ -170,10 +202,32 @@ def configure_devices(config: RuntimeConfig) -> None:
 
 
 def create_strategy(config: RuntimeConfig) -> tf.distribute.Strategy:
-  """Builds the distribution strategy that `config` names."""
+  """Builds the distribution strategy that `config` names.
+
+  Raises:
+    errors.ConfigError: For a bad cluster description, or a TPU that cannot
+      be reached.
+  """
   configure_devices(config)
-  if config.distribution_strategy == "default":
+  strategy = config.distribution_strategy
+  if strategy == "default":
     return tf.distribute.get_strategy()
+  if strategy == "multi_worker_mirrored":
+    cluster.configure(config.worker_hosts, config.task_index)
+  if strategy == "central_storage":
+    # `distribute_utils` has no central storage; variables on the CPU, compute
+    # on every GPU (or the CPU when there is none).
+    return tf.distribute.experimental.CentralStorageStrategy()
+  if strategy == "tpu":
+    try:
+      return distribute_utils.get_distribution_strategy(
+          distribution_strategy="tpu", tpu_address=config.tpu)
+    except (ValueError, tf.errors.OpError) as e:
+      # TensorFlow's first sentence says what is missing; the rest is noise.
+      message = (str(e).strip().splitlines() or [""])[0].split(". ")[0]
+      raise errors.ConfigError(
+          f"no TPU reachable at `runtime.tpu` ({config.tpu!r}): "
+          f"{message}") from e
   if (config.distribution_strategy == "mirrored" and config.num_gpus == 0 and
       config.num_cpu_devices > 1):
     # `distribute_utils` only mirrors over GPUs; logical CPUs are our addition.
