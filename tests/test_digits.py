@@ -62,3 +62,16 @@ def test_digits_is_replica_invariant(tmp_path, runtime):
   two_loss = helpers.read_scalars(str(tmp_path / "two" / "train"))["loss"]
   assert [v for _, v in one_loss] == pytest.approx([v for _, v in two_loss],
                                                    rel=1e-4)
+
+
+def test_input_pipelines_read_disjoint_shards():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  task = digits.DigitsClassification()
+  shards = []
+  for index in range(2):
+    context = tf.distribute.InputContext(num_input_pipelines=2,
+                                         input_pipeline_id=index)
+    shards.append({image.tobytes() for image, _ in
+                   task.build_inputs(True, context).as_numpy_iterator()})
+  assert len(shards[0]) + len(shards[1]) >= 1437 - 10  # A few duplicates.
+  assert len(shards[0] & shards[1]) < 5

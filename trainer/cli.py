@@ -19,6 +19,7 @@ from absl import app
 from absl import flags
 from absl import logging
 import gin
+import tensorflow as tf
 
 from trainer import errors
 from trainer import experiment
@@ -27,6 +28,7 @@ from trainer import task as task_lib
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USAGE_EXIT_CODE = 2
+RUNTIME_ERROR_EXIT_CODE = 1
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", [], "Gin config file; repeatable, "
@@ -157,9 +159,9 @@ def _check_model_dir(model_dir: Optional[str]) -> str:
   return model_dir
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, exit_code: int = USAGE_EXIT_CODE) -> None:
   print(f"train.py: error: {message}", file=sys.stderr, flush=True)
-  sys.exit(USAGE_EXIT_CODE)
+  sys.exit(exit_code)
 
 
 def parse_flags(argv: List[str]) -> List[str]:
@@ -183,6 +185,12 @@ def main(model_dir: str, task: task_lib.Task,
     results = experiment.run(task, FLAGS.mode, model_dir, runtime, config)
   except errors.ConfigError as e:
     _fail(str(e))
+  except tf.errors.OpError as e:
+    # A failed peer (UnavailableError), a lost device, a full disk: the
+    # TensorFlow message's first line names it; checkpoints already written
+    # stay, and a restart resumes from the newest.
+    first_line = (e.message.strip().splitlines() or [""])[0]
+    _fail(f"{type(e).__name__}: {first_line}", RUNTIME_ERROR_EXIT_CODE)
   if results:
     summary = " | ".join(f"{name} {float(value):.4f}"
                          for name, value in sorted(results.items()))

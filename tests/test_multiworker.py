@@ -1,0 +1,127 @@
+"""MultiWorkerMirroredStrategy with two real worker processes on 127.0.0.1.
+
+Each worker is `python train.py` with `runtime.worker_hosts` and its
+`runtime.task_index`; the framework writes TF_CONFIG. Every process runs under
+a timeout and is killed at the end of its test.
+"""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import helpers
+
+TIMEOUT = 240
+
+
+def _free_ports(count):
+  sockets = [socket.socket() for _ in range(count)]
+  for s in sockets:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports
+
+
+def _start_workers(model_dir, *extra):
+  hosts = ",".join(f"127.0.0.1:{port}" for port in _free_ports(2))
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  env.pop("TF_CONFIG", None)
+  workers = []
+  for index in range(2):
+    args = [sys.executable, helpers.TRAIN_PY, "--gin_file=gin/digits.gin",
+            '--gin_param=runtime.distribution_strategy="multi_worker_mirrored"',
+            f'--gin_param=runtime.worker_hosts="{hosts}"',
+            f"--gin_param=runtime.task_index={index}",
+            f"--model_dir={model_dir}", *extra]
+    workers.append(subprocess.Popen(
+        args, cwd=helpers.REPO_ROOT, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True))
+  return workers
+
+
+def _finish(workers, timeout=TIMEOUT):
+  outputs = []
+  try:
+    for worker in workers:
+      stdout, stderr = worker.communicate(timeout=timeout)
+      outputs.append((worker.returncode, stdout, stderr))
+  finally:
+    for worker in workers:
+      if worker.poll() is None:
+        worker.kill()
+        worker.communicate()
+  return outputs
+
+
+def _fingerprint(stdout):
+  return re.search(r"weights fingerprint (\w+)", stdout).group(1)
+
+
+def test_two_workers_train_digits_in_sync(tmp_path):
+  model_dir = tmp_path / "run"
+  outputs = _finish(_start_workers(model_dir,
+                                   "--gin_param=trainer.train_steps=300"))
+  for returncode, stdout, stderr in outputs:
+    assert returncode == 0, stderr[-3000:]
+  (_, chief, _), (_, other, _) = outputs
+
+  # Identical weights on both workers, bit for bit.
+  assert _fingerprint(chief) == _fingerprint(other)
+  # Each worker read its own input pipeline (digits shards by it).
+  assert "input | worker 0 reads input pipeline 0 of 2" in chief
+  assert "input | worker 1 reads input pipeline 1 of 2" in other
+  # The chief's evaluation reaches the bar.
+  evals = helpers.read_scalars(str(model_dir / "eval"))
+  assert evals["accuracy"][-1] == (300, pytest.approx(
+      evals["accuracy"][-1][1])) and evals["accuracy"][-1][1] >= 0.95
+  # One checkpoint series and one set of event files, all the chief's.
+  assert sorted(os.listdir(model_dir)) == [
+      "checkpoint", "ckpt-300.data-00000-of-00001", "ckpt-300.index", "eval",
+      "operative_config.gin", "train"]
+  assert len(os.listdir(model_dir / "train")) == 1
+  assert len(os.listdir(model_dir / "eval")) == 1
+  # The other worker saved into a temporary directory, since removed.
+  other_dir = re.search(r"saved checkpoint (\S+)/ckpt-300", other).group(1)
+  assert other_dir != str(model_dir) and not os.path.exists(other_dir)
+
+
+def test_killed_worker_stops_the_other_and_both_resume(tmp_path):
+  model_dir = tmp_path / "run"
+  workers = _start_workers(model_dir, "--gin_param=trainer.train_steps=100000",
+                           "--gin_param=trainer.checkpoint_interval=100",
+                           "--mode=train")
+  try:
+    deadline = time.time() + TIMEOUT
+    while not (model_dir / "ckpt-100.index").exists():
+      assert time.time() < deadline, "no checkpoint written in time"
+      assert all(w.poll() is None for w in workers)
+      time.sleep(0.5)
+    workers[1].send_signal(signal.SIGKILL)
+    killed_at = time.time()
+    returncode, _, stderr = _finish(workers[:1], timeout=60)[0]
+    assert time.time() - killed_at < 60
+  finally:
+    _finish(workers, timeout=10)
+  assert returncode == 1
+  last_line = stderr.strip().splitlines()[-1]
+  assert last_line.startswith("train.py: error: ") and "Error" in last_line
+
+  saved = int(open(model_dir / "checkpoint").read().split('"')[1]
+              .rsplit("-", 1)[1])
+  assert saved >= 100
+  outputs = _finish(_start_workers(
+      model_dir, f"--gin_param=trainer.train_steps={saved + 200}",
+      "--mode=train"))
+  for returncode, stdout, stderr in outputs:
+    assert returncode == 0, stderr[-3000:]
+    assert f"at step {saved}" in stdout  # Restored the chief's checkpoint.
+  assert _fingerprint(outputs[0][1]) == _fingerprint(outputs[1][1])
+  assert helpers.checkpoint_step(str(model_dir)) == saved + 200
