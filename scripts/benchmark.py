@@ -185,7 +185,7 @@ def build_ours(strategy: tf.distribute.Strategy,
       train_steps=train_steps,
       global_batch_size=GLOBAL_BATCH_SIZE,
       train_summary_writer=tf.summary.create_file_writer(summary_dir),
-      learning_rate_fn=lambda: experiment.current_learning_rate(optimizer))
+      scalars_fn=lambda: experiment.optimizer_scalars(optimizer))
 
   def run(num_steps: int) -> int:
     controller.train(controller.step + num_steps)

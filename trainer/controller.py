@@ -32,15 +32,15 @@ def _log(message: str) -> None:
 class Controller(orbit.Controller):
   """`orbit.Controller` that prints a progress line per loop.
 
-  Train summaries (mean loss, every task metric, learning rate, steps/s,
-  examples/s) are written every `summary_interval` steps and at the last step
+  Train summaries (mean loss, every task metric, steps/s, examples/s and what
+  `scalars_fn` adds) are written every `summary_interval` steps and at the last step
   of a `train` call to `train_summary_writer`.
   """
 
   def __init__(self, *, train_steps: int = 0, global_batch_size: int = 0,
                checkpoint_interval: int = 1,
                train_summary_writer: Optional[tf.summary.SummaryWriter] = None,
-               learning_rate_fn: Optional[Callable[[], float]] = None,
+               scalars_fn: Optional[Callable[[], Dict[str, float]]] = None,
                partial_restore: bool = False,
                restore_dir: Optional[str] = None,
                **kwargs):
@@ -52,7 +52,7 @@ class Controller(orbit.Controller):
         always at the end of training.
       global_batch_size: Examples per step, for examples/s.
       train_summary_writer: Where train summaries go; None for none.
-      learning_rate_fn: Returns the current learning rate for summaries.
+      scalars_fn: Returns more train scalars (learning rate, loss scale).
       partial_restore: Restore only what this run built (eval modes), without
         warning about the rest of the checkpoint.
       restore_dir: Where to look for the checkpoint to restore when it is not
@@ -65,7 +65,7 @@ class Controller(orbit.Controller):
     self._checkpoint_interval = checkpoint_interval
     self._global_batch_size = global_batch_size
     self._train_summary_writer = train_summary_writer
-    self._learning_rate_fn = learning_rate_fn
+    self._scalars_fn = scalars_fn
     self._partial_restore = partial_restore
     self._restore_dir = restore_dir
     self._step = None  # Python mirror of `global_step`, set at restore.
@@ -166,8 +166,8 @@ class Controller(orbit.Controller):
     scalars: Dict[str, object] = dict(self.trainer.read_and_reset_metrics())
     scalars["steps_per_second"] = steps_per_second
     scalars["examples_per_second"] = steps_per_second * self._global_batch_size
-    if self._learning_rate_fn is not None:
-      scalars["learning_rate"] = self._learning_rate_fn()
+    if self._scalars_fn is not None:
+      scalars.update(self._scalars_fn())
     summaries.write_scalars(self._train_summary_writer, scalars, self._step)
     if not np.isfinite(float(scalars["loss"])):
       logging.warning("training loss is %s at step %d", scalars["loss"],

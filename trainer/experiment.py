@@ -105,12 +105,16 @@ def _ensure_built(model: tf_keras.Model, element_spec) -> None:
   model(dummy, training=False)
 
 
-def current_learning_rate(optimizer: tf_keras.optimizers.Optimizer) -> float:
-  """Returns the optimizer's learning rate now, schedules included."""
+def optimizer_scalars(
+    optimizer: tf_keras.optimizers.Optimizer) -> Dict[str, float]:
+  """Returns the learning rate now (schedules included) and the loss scale."""
   rate = optimizer.learning_rate
   if callable(rate):
     rate = rate(optimizer.iterations)
-  return float(tf.convert_to_tensor(rate))
+  scalars = {"learning_rate": float(tf.convert_to_tensor(rate))}
+  if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
+    scalars["loss_scale"] = float(optimizer.loss_scale)
+  return scalars
 
 
 def run(task: task_lib.Task, mode: str, model_dir: str,
@@ -222,8 +226,7 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
         checkpoint_interval=config.checkpoint_interval,
         global_batch_size=config.global_batch_size,
         train_summary_writer=train_writer,
-        learning_rate_fn=((lambda: current_learning_rate(optimizer))
-                          if training else None),
+        scalars_fn=(lambda: optimizer_scalars(optimizer)) if training else None,
         partial_restore=not training,
         restore_dir=model_dir)
 
