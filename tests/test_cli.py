@@ -148,3 +148,26 @@ def test_user_task_outside_the_repo_via_gin_import(tmp_path):
   assert "final eval | loss " in result.stdout
   with open(tmp_path / "run" / "operative_config.gin") as f:
     assert "trainer.train_steps = 30" in f.read()
+
+
+@pytest.mark.parametrize("runtime_file,params,expected", [
+    ("gin/runtime/cpu.gin", [], dict(distribution_strategy="one_device")),
+    ("gin/runtime/cpu_mirrored.gin", [],
+     dict(distribution_strategy="mirrored", num_cpu_devices=2)),
+    ("gin/runtime/gpu_mirrored_fp16.gin", ["runtime.num_gpus=8"],
+     dict(distribution_strategy="mirrored", num_gpus=8,
+          mixed_precision_dtype="float16", loss_scale="dynamic")),
+    ("gin/runtime/multi_worker.gin",
+     ['runtime.worker_hosts="10.0.0.1:2222,10.0.0.2:2222"',
+      "runtime.task_index=1"],
+     dict(distribution_strategy="multi_worker_mirrored", task_index=1,
+          all_reduce_alg="ring")),
+    ("gin/runtime/tpu_bf16.gin", [],
+     dict(distribution_strategy="tpu", mixed_precision_dtype="bfloat16")),
+])
+def test_runtime_files_stack_on_a_task_file(runtime_file, params, expected):
+  _, runtime, config = cli.load_config([DIGITS, runtime_file], params)
+  for name, value in expected.items():
+    assert getattr(runtime, name) == value
+  if runtime_file.endswith("tpu_bf16.gin"):
+    assert config.global_batch_size == 4096

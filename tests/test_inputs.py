@@ -75,3 +75,11 @@ def test_is_checkpointable():
   from_python = tf.data.Dataset.from_generator(
       lambda: iter(range(3)), output_signature=tf.TensorSpec((), tf.int64))
   assert not inputs.is_checkpointable(from_python)
+
+
+def test_private_thread_pool_is_applied():
+  strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+  data = inputs.DistributedInput(strategy, _numbers(10), 5, training=True,
+                                 private_threads=3)
+  assert data.dataset.options().threading.private_threadpool_size == 3
+  assert next(iter(data.dataset)).numpy().tolist() == [0, 1, 2, 3, 4]

@@ -1,5 +1,7 @@
 """Runtime settings: validation, strategies, precision."""
 
+import os
+
 import pytest
 import tensorflow as tf
 import tf_keras
@@ -179,3 +181,29 @@ def test_central_storage_strategy():
   strategy = runtime.create_strategy(
       runtime.RuntimeConfig(distribution_strategy="central_storage"))
   assert type(strategy).__name__ == "CentralStorageStrategy"
+
+
+@pytest.mark.parametrize("settings,message", [
+    (dict(gpu_thread_mode="gpu_private"),
+     "`runtime.gpu_thread_mode` needs `runtime.num_gpus` > 0."),
+    (dict(gpu_thread_mode="private", num_gpus=1),
+     "`runtime.gpu_thread_mode` ('private') must be one of: gpu_private, "
+     "gpu_shared, global."),
+    (dict(per_gpu_thread_count=2),
+     "`runtime.per_gpu_thread_count` needs `runtime.gpu_thread_mode`."),
+    (dict(dataset_num_private_threads=-1), "must not be negative"),
+])
+def test_invalid_thread_settings(settings, message):
+  with pytest.raises(errors.ConfigError) as raised:
+    runtime.RuntimeConfig(**settings)
+  assert message in str(raised.value).splitlines()[0]
+
+
+def test_gpu_thread_settings_reach_the_environment(monkeypatch):
+  monkeypatch.delenv("TF_GPU_THREAD_MODE", raising=False)
+  monkeypatch.delenv("TF_GPU_THREAD_COUNT", raising=False)
+  runtime.configure_threads(runtime.RuntimeConfig(
+      distribution_strategy="mirrored", num_gpus=2,
+      gpu_thread_mode="gpu_private", per_gpu_thread_count=3))
+  assert os.environ["TF_GPU_THREAD_MODE"] == "gpu_private"
+  assert os.environ["TF_GPU_THREAD_COUNT"] == "3"

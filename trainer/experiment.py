@@ -159,7 +159,8 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
     train_input = inputs_lib.DistributedInput(
         strategy, lambda ctx: task.build_inputs(True, ctx),
         config.global_batch_size, training=True,
-        batch_size_name="trainer.global_batch_size", worker=worker)
+        batch_size_name="trainer.global_batch_size", worker=worker,
+        private_threads=runtime.dataset_num_private_threads)
     if worker.num_workers > 1:
       context = train_input.input_context
       print(f"input | worker {worker.worker_index} reads input pipeline "

@@ -51,7 +51,7 @@ class DistributedInput:
                global_batch_size: int, training: bool,
                batch_size_name: str = "global_batch_size",
                worker: cluster.WorkerInfo = cluster.WorkerInfo(),
-               shard: bool = True):
+               shard: bool = True, private_threads: int = 0):
     """Builds the worker's dataset.
 
     Args:
@@ -66,6 +66,7 @@ class DistributedInput:
       shard: Give each worker its own input pipeline id (a disjoint shard
         when the task shards by `InputContext`); False gives every worker the
         whole data, as multi-worker evaluation needs.
+      private_threads: Size of a private tf.data thread pool; 0 for none.
     """
     self._strategy = strategy
     num_replicas = strategy.num_replicas_in_sync
@@ -87,7 +88,12 @@ class DistributedInput:
     dataset = dataset.batch(
         self.per_replica_batch_size * self._num_local_replicas,
         drop_remainder=training)
-    self.dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    if private_threads:
+      options = tf.data.Options()
+      options.threading.private_threadpool_size = private_threads
+      dataset = dataset.with_options(options)
+    self.dataset = dataset
 
   def split(self, batch):
     """Splits a worker batch into per-replica values for `strategy.run`.

@@ -14,6 +14,7 @@ import tensorflow as tf
 import tf_keras
 from official.common import distribute_utils
 from official.modeling import performance
+from official.utils.misc import keras_utils
 
 from trainer import cluster
 from trainer import errors
@@ -24,6 +25,7 @@ STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored",
 # asking for it fails before any work.
 _NOT_YET_SUPPORTED = ("parameter_server",)
 PRECISIONS = ("float32", "float16", "bfloat16")
+GPU_THREAD_MODES = ("gpu_private", "gpu_shared", "global")
 ALL_REDUCE_ALGS = {
     "mirrored": ("nccl", "hierarchical_copy"),
     "multi_worker_mirrored": ("ring", "nccl"),
@@ -59,6 +61,11 @@ class RuntimeConfig:
       0 or 1 leaves the CPU whole.
     seed: Seeds Python, NumPy and TensorFlow before the model is built, so
       runs start from the same weights; None leaves them unseeded.
+    gpu_thread_mode: `gpu_private`, `gpu_shared` or `global`: TensorFlow's
+      GPU kernel-launch threads (TF_GPU_THREAD_MODE); needs `num_gpus`.
+    per_gpu_thread_count: Threads per GPU with `gpu_thread_mode`; 0 is 2.
+    dataset_num_private_threads: A private tf.data thread pool of this size
+      for the training input; 0 uses the shared pool.
   """
   distribution_strategy: str = "default"
   mixed_precision_dtype: str = "float32"
@@ -73,6 +80,9 @@ class RuntimeConfig:
   num_gpus: int = 0
   num_cpu_devices: int = 0
   seed: Optional[int] = None
+  gpu_thread_mode: Optional[str] = None
+  per_gpu_thread_count: int = 0
+  dataset_num_private_threads: int = 0
 
   def __post_init__(self):
     _check_choice("distribution_strategy", self.distribution_strategy,
@@ -84,7 +94,8 @@ class RuntimeConfig:
       raise errors.ConfigError(
           f"`runtime.loss_scale` ({self.loss_scale!r}) must be "
           "'dynamic' or a positive number.")
-    for name in ("num_packs", "num_gpus", "num_cpu_devices", "task_index"):
+    for name in ("num_packs", "num_gpus", "num_cpu_devices", "task_index",
+                 "per_gpu_thread_count", "dataset_num_private_threads"):
       if not _is_int(getattr(self, name)):
         raise errors.ConfigError(
             f"`runtime.{name}` ({getattr(self, name)!r}) must be "
@@ -109,6 +120,7 @@ class RuntimeConfig:
           f"`runtime.distribution_strategy` '{self.distribution_strategy}' is "
           "not yet supported; use 'default', 'one_device' or 'mirrored'.")
     self._check_cluster()
+    self._check_threads()
     if self.all_reduce_alg is not None:
       choices = ALL_REDUCE_ALGS.get(self.distribution_strategy)
       if choices is None:
@@ -163,6 +175,22 @@ class RuntimeConfig:
           f"'{strategy}'.")
 
 
+  def _check_threads(self) -> None:
+    """Checks the thread settings against each other and the GPU count."""
+    if self.gpu_thread_mode is not None:
+      _check_choice("gpu_thread_mode", self.gpu_thread_mode, GPU_THREAD_MODES)
+      if not self.num_gpus:
+        raise errors.ConfigError(
+            "`runtime.gpu_thread_mode` needs `runtime.num_gpus` > 0.")
+    elif self.per_gpu_thread_count:
+      raise errors.ConfigError(
+          "`runtime.per_gpu_thread_count` needs `runtime.gpu_thread_mode`.")
+    if self.per_gpu_thread_count < 0 or self.dataset_num_private_threads < 0:
+      raise errors.ConfigError(
+          "`runtime.per_gpu_thread_count` and "
+          "`runtime.dataset_num_private_threads` must not be negative.")
+
+
 def _is_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
 
@@ -201,6 +229,15 @@ def configure_devices(config: RuntimeConfig) -> None:
           "it before any TensorFlow op runs.") from e
 
 
+def configure_threads(config: RuntimeConfig) -> None:
+  """Applies the GPU thread settings (environment variables TensorFlow reads
+  when it starts its GPUs) through Model Garden's `keras_utils`."""
+  if config.gpu_thread_mode is not None:
+    keras_utils.set_gpu_thread_mode_and_count(
+        config.gpu_thread_mode, config.dataset_num_private_threads,
+        config.num_gpus, config.per_gpu_thread_count)
+
+
 def create_strategy(config: RuntimeConfig) -> tf.distribute.Strategy:
   """Builds the distribution strategy that `config` names.
 
@@ -208,6 +245,7 @@ def create_strategy(config: RuntimeConfig) -> tf.distribute.Strategy:
     errors.ConfigError: For a bad cluster description, or a TPU that cannot
       be reached.
   """
+  configure_threads(config)
   configure_devices(config)
   strategy = config.distribution_strategy
   if strategy == "default":
