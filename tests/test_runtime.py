@@ -34,7 +34,6 @@ from trainer import runtime
      "'one_device' runs on one device"),
     (dict(distribution_strategy="mirrored", num_gpus=2, num_cpu_devices=2),
      "cannot both be set"),
-    (dict(distribution_strategy="parameter_server"), "not yet supported"),
     (dict(distribution_strategy="tpu"),
      "`runtime.distribution_strategy='tpu'` needs `runtime.tpu`: a TPU "
      "address, or 'local' for TPUs on this host."),
@@ -207,3 +206,12 @@ def test_gpu_thread_settings_reach_the_environment(monkeypatch):
       gpu_thread_mode="gpu_private", per_gpu_thread_count=3))
   assert os.environ["TF_GPU_THREAD_MODE"] == "gpu_private"
   assert os.environ["TF_GPU_THREAD_COUNT"] == "3"
+
+
+def test_parameter_server_needs_tf_config(monkeypatch):
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  with pytest.raises(errors.ConfigError,
+                     match="'parameter_server' needs TF_CONFIG with chief, "
+                     "worker and ps tasks."):
+    runtime.create_strategy(runtime.RuntimeConfig(
+        distribution_strategy="parameter_server"))

@@ -11,7 +11,7 @@ import dataclasses
 import json
 import os
 import re
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import tensorflow as tf
 from official.common import distribute_utils
@@ -62,6 +62,8 @@ def read_tf_config() -> Optional[dict]:
         '"task": {"type": "worker", "index": 0}}.')
   task = config.get("task", {})
   task_type, index = task.get("type"), task.get("index")
+  if task_type == "evaluator" and isinstance(index, int):
+    return config  # The sidecar evaluator stays outside the cluster.
   members = config["cluster"].get(task_type)
   if not isinstance(members, list) or not isinstance(index, int) or not (
       0 <= index < len(members)):
@@ -102,3 +104,35 @@ def worker_info(strategy: tf.distribute.Strategy) -> WorkerInfo:
     index = task_id + len(chiefs)
   return WorkerInfo(num_workers=len(chiefs) + len(workers),
                     worker_index=index, is_chief=index == 0)
+
+
+def task_role() -> Tuple[Optional[str], int]:
+  """Returns this process's `(task type, index)` in TF_CONFIG, or (None, 0)."""
+  config = read_tf_config()
+  if config is None or "task" not in config:
+    return None, 0
+  return config["task"]["type"], config["task"]["index"]
+
+
+def serve_forever(task_type: str, task_index: int) -> None:
+  """Runs this process's `tf.distribute.Server` (a ps or worker) until killed.
+
+  A parameter-server cluster's workers and parameter servers only serve: the
+  chief schedules the steps on them. Their launcher stops them when the
+  chief is done.
+  """
+  resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+  spec = resolver.cluster_spec()
+  num_workers = len(spec.as_dict().get("worker", []))
+  config = tf.compat.v1.ConfigProto()
+  # Measured here: inter-op threads equal to the core count deadlocked
+  # `coordinator.join()`; one per worker plus one does not.
+  config.inter_op_parallelism_threads = max(os.cpu_count() or 1,
+                                            num_workers + 1)
+  server = tf.distribute.Server(spec, job_name=task_type,
+                                task_index=task_index,
+                                protocol=resolver.rpc_layer or "grpc",
+                                config=config, start=True)
+  address = spec.task_address(task_type, task_index)
+  print(f"server | {task_type} {task_index} serving at {address}", flush=True)
+  server.join()

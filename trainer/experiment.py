@@ -143,6 +143,21 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
         f"`mode` ({mode!r}) must be one of: {', '.join(MODES)}.")
   training = mode in ("train", "train_and_eval")
   evaluating = mode != "train"
+  if runtime.distribution_strategy == "parameter_server":
+    role, index = cluster.task_role()
+    if role in ("worker", "ps"):
+      cluster.serve_forever(role, index)
+      return {}
+    if role == "evaluator":
+      # The sidecar evaluator reads the chief's checkpoints on its own.
+      if mode not in ("eval", "continuous_eval"):
+        raise errors.ConfigError(
+            "the evaluator task runs --mode=continuous_eval (or eval).")
+      runtime = dataclasses.replace(runtime, distribution_strategy="default")
+    elif mode != "train":
+      raise errors.ConfigError(
+          "with 'parameter_server' the chief runs --mode=train; evaluation "
+          "runs in an `evaluator` task (--mode=continuous_eval).")
   if mode == "eval" and tf.train.latest_checkpoint(model_dir) is None:
     raise errors.ConfigError(
         f"no checkpoint to evaluate in `model_dir` ({model_dir}).")
@@ -151,6 +166,13 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   runtime_lib.set_precision_policy(runtime)
   runtime_lib.seed_everything(runtime)
   worker = cluster.worker_info(strategy)
+  coordinator = None
+  if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    spec = tf.distribute.cluster_resolver.TFConfigClusterResolver(
+    ).cluster_spec()
+    print(f"cluster | coordinator schedules steps on {spec.num_tasks('worker')}"
+          f" worker(s); variables on {spec.num_tasks('ps')} ps", flush=True)
   logging.info("strategy %s with %d replica(s); worker %d of %d",
                type(strategy).__name__, strategy.num_replicas_in_sync,
                worker.worker_index, worker.num_workers)
@@ -188,13 +210,15 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   if training:
     trainer = runners.TaskTrainer(
         task, model, optimizer, strategy, train_input, global_step,
-        run_eagerly=runtime.run_eagerly, enable_xla=runtime.enable_xla)
+        run_eagerly=runtime.run_eagerly, enable_xla=runtime.enable_xla,
+        coordinator=coordinator)
     checkpoint_items["optimizer"] = optimizer
-    if worker.num_workers > 1:
+    if worker.num_workers > 1 or coordinator is not None:
       # The chief's checkpoint would hand its own input position (its shard)
-      # to every worker on restore.
+      # to every worker on restore; per-worker iterators cannot be saved.
       logging.warning("multi-worker: the input position is not checkpointed; "
-                      "a restarted run reads each shard from its start.")
+                      "a restarted run reads each worker's data from its "
+                      "start.")
     elif inputs_lib.is_checkpointable(train_input.dataset):
       checkpoint_items["train_iterator"] = trainer.train_iterator
   if evaluating:
@@ -307,8 +331,7 @@ def _evaluate_continuously(controller: controller_lib.Controller,
   """Evaluates each new checkpoint until one at `train_steps` or later."""
   output = {}
   for path in tf.train.checkpoints_iterator(
-      model_dir, timeout=config.continuous_eval_timeout,
-      timeout_fn=lambda: True):
+      model_dir, timeout=config.continuous_eval_timeout):
     controller.restore_checkpoint(path)
     output = controller.evaluate(config.validation_steps)
     if controller.step >= config.train_steps:

@@ -33,7 +33,9 @@ class TaskTrainer(orbit.StandardTrainer):
                strategy: tf.distribute.Strategy,
                train_input: inputs_lib.DistributedInput,
                global_step: tf.Variable, *, run_eagerly: bool = False,
-               enable_xla: bool = False):
+               enable_xla: bool = False,
+               coordinator: Optional[
+                   tf.distribute.coordinator.ClusterCoordinator] = None):
     """Builds the trainer.
 
     Args:
@@ -45,6 +47,8 @@ class TaskTrainer(orbit.StandardTrainer):
       global_step: Incremented once per step.
       run_eagerly: Run steps without `tf.function`.
       enable_xla: Compile the per-replica step with XLA.
+      coordinator: With a `ParameterServerStrategy`, schedules each step on
+        a worker; the input then comes from a per-worker dataset.
     """
     self.task = task
     self.model = model
@@ -55,16 +59,29 @@ class TaskTrainer(orbit.StandardTrainer):
     with strategy.scope():
       self.metrics = task.build_metrics(training=True)
     self._run_eagerly = run_eagerly
-    # Created outside the strategy scope: updated in cross-replica context
-    # with the already-reduced loss. `_loop_loss` is the mean over the last
-    # loop (the progress line); `_window_loss` over the summary window.
+    self._coordinator = coordinator
+    # `_loop_loss` is the mean over the last loop (the progress line);
+    # `_window_loss` over the summary window. Both are updated with the
+    # already-reduced loss in cross-replica context, so they live outside the
+    # strategy scope, except with parameter servers, where the steps run on
+    # workers that only reach variables placed on the parameter servers.
     self._loop_loss = tf.Variable(0.0, trainable=False, name="loop_loss")
-    self._window_loss = tf_keras.metrics.Mean("loss")
+    if coordinator is None:
+      self._window_loss = tf_keras.metrics.Mean("loss")
+    else:
+      with strategy.scope():
+        self._window_loss = tf_keras.metrics.Mean("loss")
     self._replica_step = self._task_train_step
     if enable_xla:
       self._replica_step = tf.function(self._task_train_step, jit_compile=True)
     # The plain iterator (not a distributed one) can be checkpointed; Orbit
     # calls `iter()` on what it is given, which returns the iterator itself.
+    if coordinator is not None:
+      # Per-worker iterators cannot be checkpointed; Orbit makes one.
+      self.train_iterator = None
+      super().__init__(
+          coordinator.create_per_worker_dataset(train_input.dataset))
+      return
     with tf.device("/cpu:0"):
       self.train_iterator = iter(train_input.dataset)
     super().__init__(self.train_iterator)
@@ -82,6 +99,9 @@ class TaskTrainer(orbit.StandardTrainer):
     compiled loop keeps one `tf.function` call per loop.
     """
 
+    if self._coordinator is not None:
+      return self._scheduled_loop()
+
     def loop(iterator, num_steps):
       total = tf.constant(0.0)
       for _ in tf.range(num_steps):
@@ -89,6 +109,23 @@ class TaskTrainer(orbit.StandardTrainer):
       self._loop_loss.assign(total / tf.cast(num_steps, tf.float32))
 
     return loop if self._run_eagerly else tf.function(loop)
+
+  def _scheduled_loop(self):
+    """Returns a loop that schedules each step on a free worker.
+
+    Steps run asynchronously on the workers; the loop waits for all of them
+    (`join`) so the step count is exact when it returns.
+    """
+    step = tf.function(self.train_step)
+
+    def loop(iterator, num_steps):
+      losses = [self._coordinator.schedule(step, args=(iterator,))
+                for _ in range(int(num_steps))]
+      self._coordinator.join()
+      self._loop_loss.assign(
+          sum(float(loss.fetch()) for loss in losses) / len(losses))
+
+    return loop
 
   def train_step(self, iterator) -> tf.Tensor:
     """Runs one step on every replica; returns the global mean loss."""

@@ -21,9 +21,6 @@ from trainer import errors
 
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored",
               "parameter_server", "central_storage", "tpu")
-# Parameter-server training (coordinator-scheduled steps) is not built yet;
-# asking for it fails before any work.
-_NOT_YET_SUPPORTED = ("parameter_server",)
 PRECISIONS = ("float32", "float16", "bfloat16")
 GPU_THREAD_MODES = ("gpu_private", "gpu_shared", "global")
 ALL_REDUCE_ALGS = {
@@ -115,10 +112,6 @@ class RuntimeConfig:
       raise errors.ConfigError(
           "`runtime.num_gpus` and `runtime.num_cpu_devices` must "
           "not be negative.")
-    if self.distribution_strategy in _NOT_YET_SUPPORTED:
-      raise errors.ConfigError(
-          f"`runtime.distribution_strategy` '{self.distribution_strategy}' is "
-          "not yet supported; use 'default', 'one_device' or 'mirrored'.")
     self._check_cluster()
     self._check_threads()
     if self.all_reduce_alg is not None:
@@ -252,6 +245,9 @@ def create_strategy(config: RuntimeConfig) -> tf.distribute.Strategy:
     return tf.distribute.get_strategy()
   if strategy == "multi_worker_mirrored":
     cluster.configure(config.worker_hosts, config.task_index)
+  if strategy == "parameter_server" and cluster.read_tf_config() is None:
+    raise errors.ConfigError(
+        "'parameter_server' needs TF_CONFIG with chief, worker and ps tasks.")
   if strategy == "central_storage":
     # `distribute_utils` has no central storage; variables on the CPU, compute
     # on every GPU (or the CPU when there is none).

@@ -1,0 +1,88 @@
+"""Parameter-server training with real processes on 127.0.0.1: a chief that
+schedules steps, 2 workers, 1 parameter server and a sidecar evaluator, each
+`python train.py` with its own TF_CONFIG task, bounded in time and killed
+at the end."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import helpers
+
+TIMEOUT = 240
+
+
+def _free_ports(count):
+  sockets = [socket.socket() for _ in range(count)]
+  for s in sockets:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports
+
+
+def test_chief_workers_ps_and_evaluator_train_digits(tmp_path):
+  ports = [f"127.0.0.1:{port}" for port in _free_ports(4)]
+  cluster = {"chief": ports[:1], "worker": ports[1:3], "ps": ports[3:]}
+  model_dir = tmp_path / "run"
+
+  def launch(task_type, index, mode):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CONFIG=json.dumps(
+        {"cluster": cluster, "task": {"type": task_type, "index": index}}))
+    return subprocess.Popen(
+        [sys.executable, helpers.TRAIN_PY, "--gin_file=gin/digits.gin",
+         '--gin_param=runtime.distribution_strategy="parameter_server"',
+         "--gin_param=trainer.train_steps=400",
+         "--gin_param=trainer.checkpoint_interval=200",
+         "--gin_param=trainer.continuous_eval_timeout=60",
+         f"--model_dir={model_dir}", f"--mode={mode}"],
+        cwd=helpers.REPO_ROOT, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+
+  servers = [launch("ps", 0, "train"), launch("worker", 0, "train"),
+             launch("worker", 1, "train")]
+  evaluator = launch("evaluator", 0, "continuous_eval")
+  chief = launch("chief", 0, "train")
+  try:
+    chief_out = chief.communicate(timeout=TIMEOUT)[0]
+    evaluator_out = evaluator.communicate(timeout=TIMEOUT)[0]
+  finally:
+    for process in servers + [evaluator, chief]:
+      process.kill()
+    server_outs = [process.communicate()[0] for process in servers]
+
+  assert chief.returncode == 0, chief_out[-3000:]
+  assert "coordinator schedules steps on 2 worker(s); variables on 1 ps" in (
+      chief_out)
+  for out, (task_type, index) in zip(server_outs, [("ps", 0), ("worker", 0),
+                                                   ("worker", 1)]):
+    assert f"server | {task_type} {index} serving at" in out
+  assert helpers.checkpoint_step(str(model_dir)) == 400
+
+  assert evaluator.returncode == 0, evaluator_out[-3000:]
+  evals = helpers.read_scalars(str(model_dir / "eval"))
+  steps = [step for step, _ in evals["accuracy"]]
+  assert steps[-1] == 400, evaluator_out[-3000:]
+  assert evals["accuracy"][-1][1] >= 0.95
+
+
+def test_roles_run_the_modes_they_can(tmp_path, monkeypatch):
+  import pytest  # pylint: disable=g-import-not-at-top
+  import trainer  # pylint: disable=g-import-not-at-top
+  from trainer import experiment  # pylint: disable=g-import-not-at-top
+  cluster = {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"],
+             "ps": ["127.0.0.1:3"]}
+  runtime = trainer.RuntimeConfig(distribution_strategy="parameter_server")
+  for role, mode, message in [
+      ("chief", "train_and_eval", "the chief runs --mode=train"),
+      ("evaluator", "train", "the evaluator task runs --mode=continuous_eval"),
+  ]:
+    monkeypatch.setenv("TF_CONFIG", json.dumps(
+        {"cluster": cluster, "task": {"type": role, "index": 0}}))
+    with pytest.raises(trainer.ConfigError, match=message):
+      experiment.run(helpers.LinearRegression(), mode, str(tmp_path / role),
+                     runtime)
+    assert not (tmp_path / role).exists()
