@@ -67,8 +67,9 @@ def _fingerprint(stdout):
 
 def test_two_workers_train_digits_in_sync(tmp_path):
   model_dir = tmp_path / "run"
-  outputs = _finish(_start_workers(model_dir,
-                                   "--gin_param=trainer.train_steps=300"))
+  outputs = _finish(_start_workers(
+      model_dir, "--gin_param=trainer.train_steps=300",
+      '--gin_param=runtime.all_reduce_alg="ring"'))
   for returncode, stdout, stderr in outputs:
     assert returncode == 0, stderr[-3000:]
   (_, chief, _), (_, other, _) = outputs

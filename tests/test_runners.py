@@ -66,3 +66,13 @@ def test_aggregate_logs_sees_every_eval_example_once(tmp_path, strategy):
                           _config())
   assert output["count"] == 100.0
   assert output["max_error"] >= output["mae"] > 0
+
+
+def test_enable_xla_matches_the_default_run(tmp_path):
+  for name, xla in (("xla", True), ("plain", False)):
+    experiment.run(helpers.LinearRegression(), "train", str(tmp_path / name),
+                   trainer.RuntimeConfig(distribution_strategy="one_device",
+                                         enable_xla=xla, seed=0), _config())
+  assert helpers.max_weight_difference(
+      helpers.checkpoint_weights(str(tmp_path / "xla")),
+      helpers.checkpoint_weights(str(tmp_path / "plain"))) < 1e-5
