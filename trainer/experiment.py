@@ -21,6 +21,7 @@ from trainer import errors
 from trainer import inputs as inputs_lib
 from trainer import runners
 from trainer import runtime as runtime_lib
+from trainer import scaling
 from trainer import summaries
 from trainer import task as task_lib
 
@@ -49,6 +50,10 @@ class TrainerConfig:
     max_to_keep: Newest checkpoints kept.
     continuous_eval_timeout: `continuous_eval` gives up after waiting this
       many seconds for a new checkpoint.
+    batch_scaling: None, `keep_global_batch` or `keep_per_replica_batch`:
+      how batch sizes and the learning rate follow a replica count other
+      than `reference_replicas` (see `trainer.scaling`).
+    reference_replicas: The replica count the batch sizes are written for.
   """
   train_steps: int = 1000
   steps_per_loop: int = 100
@@ -60,6 +65,8 @@ class TrainerConfig:
   summary_interval: int = 100
   max_to_keep: int = 5
   continuous_eval_timeout: float = 3600.0
+  batch_scaling: Optional[str] = None
+  reference_replicas: int = 1
 
   def __post_init__(self):
     for field in dataclasses.fields(self):
@@ -88,6 +95,15 @@ class TrainerConfig:
       raise errors.ConfigError(
           f"`trainer.summary_interval` ({self.summary_interval}) must be a "
           f"multiple of `trainer.steps_per_loop` ({self.steps_per_loop}).")
+    if self.batch_scaling is not None and (
+        self.batch_scaling not in scaling.RULES):
+      raise errors.ConfigError(
+          f"`trainer.batch_scaling` ({self.batch_scaling!r}) must be None or "
+          f"one of: {', '.join(scaling.RULES)}.")
+    if self.reference_replicas < 1:
+      raise errors.ConfigError(
+          f"`trainer.reference_replicas` ({self.reference_replicas}) must be "
+          "positive.")
     if (not isinstance(self.continuous_eval_timeout, (int, float)) or
         self.continuous_eval_timeout <= 0):
       raise errors.ConfigError("`trainer.continuous_eval_timeout` "
@@ -166,6 +182,13 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   runtime_lib.set_precision_policy(runtime)
   runtime_lib.seed_everything(runtime)
   worker = cluster.worker_info(strategy)
+  config, learning_rate_factor = scaling.rescale(
+      config, strategy.num_replicas_in_sync)
+  if config.batch_scaling is not None:
+    print(f"scaling | {strategy.num_replicas_in_sync} replica(s), reference "
+          f"{config.reference_replicas}: global batch "
+          f"{config.global_batch_size}, eval batch {config.eval_batch_size}, "
+          f"learning rate x{learning_rate_factor:g}", flush=True)
   coordinator = None
   if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
@@ -204,6 +227,7 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
     optimizer = None
     if training:
       optimizer = runtime_lib.wrap_optimizer(task.create_optimizer(), runtime)
+      scaling.scale_learning_rate(optimizer, learning_rate_factor)
 
   trainer = evaluator = None
   checkpoint_items = {"model": model, "global_step": global_step}
