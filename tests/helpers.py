@@ -2,6 +2,7 @@
 
 import glob
 import os
+import socket
 import subprocess
 import sys
 from typing import Dict, List, Sequence
@@ -121,3 +122,14 @@ def snapshot(directory: str) -> Dict[str, bytes]:
       with open(path, "rb") as f:
         files[os.path.relpath(path, directory)] = f.read()
   return files
+
+
+def free_ports(count: int) -> List[int]:
+  """Returns `count` TCP ports free on 127.0.0.1 right now."""
+  sockets = [socket.socket() for _ in range(count)]
+  for s in sockets:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports

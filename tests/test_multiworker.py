@@ -8,7 +8,6 @@ a timeout and is killed at the end of its test.
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,18 +19,8 @@ import helpers
 TIMEOUT = 240
 
 
-def _free_ports(count):
-  sockets = [socket.socket() for _ in range(count)]
-  for s in sockets:
-    s.bind(("127.0.0.1", 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
-  return ports
-
-
 def _start_workers(model_dir, *extra):
-  hosts = ",".join(f"127.0.0.1:{port}" for port in _free_ports(2))
+  hosts = ",".join(f"127.0.0.1:{port}" for port in helpers.free_ports(2))
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   env.pop("TF_CONFIG", None)
   workers = []

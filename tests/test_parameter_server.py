@@ -5,7 +5,6 @@ at the end."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -14,18 +13,8 @@ import helpers
 TIMEOUT = 240
 
 
-def _free_ports(count):
-  sockets = [socket.socket() for _ in range(count)]
-  for s in sockets:
-    s.bind(("127.0.0.1", 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
-  return ports
-
-
 def test_chief_workers_ps_and_evaluator_train_digits(tmp_path):
-  ports = [f"127.0.0.1:{port}" for port in _free_ports(4)]
+  ports = [f"127.0.0.1:{port}" for port in helpers.free_ports(4)]
   cluster = {"chief": ports[:1], "worker": ports[1:3], "ps": ports[3:]}
   model_dir = tmp_path / "run"
 

@@ -160,20 +160,9 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   training = mode in ("train", "train_and_eval")
   evaluating = mode != "train"
   if runtime.distribution_strategy == "parameter_server":
-    role, index = cluster.task_role()
-    if role in ("worker", "ps"):
-      cluster.serve_forever(role, index)
-      return {}
-    if role == "evaluator":
-      # The sidecar evaluator reads the chief's checkpoints on its own.
-      if mode not in ("eval", "continuous_eval"):
-        raise errors.ConfigError(
-            "the evaluator task runs --mode=continuous_eval (or eval).")
-      runtime = dataclasses.replace(runtime, distribution_strategy="default")
-    elif mode != "train":
-      raise errors.ConfigError(
-          "with 'parameter_server' the chief runs --mode=train; evaluation "
-          "runs in an `evaluator` task (--mode=continuous_eval).")
+    runtime = _parameter_server_role(runtime, mode)
+    if runtime is None:
+      return {}  # This process served as a worker or ps until stopped.
   if mode == "eval" and tf.train.latest_checkpoint(model_dir) is None:
     raise errors.ConfigError(
         f"no checkpoint to evaluate in `model_dir` ({model_dir}).")
@@ -201,16 +190,7 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
                worker.worker_index, worker.num_workers)
   train_input = eval_input = None
   if training:
-    train_input = inputs_lib.DistributedInput(
-        strategy, lambda ctx: task.build_inputs(True, ctx),
-        config.global_batch_size, training=True,
-        batch_size_name="trainer.global_batch_size", worker=worker,
-        private_threads=runtime.dataset_num_private_threads)
-    if worker.num_workers > 1:
-      context = train_input.input_context
-      print(f"input | worker {worker.worker_index} reads input pipeline "
-            f"{context.input_pipeline_id} of {context.num_input_pipelines}",
-            flush=True)
+    train_input = _train_input(task, strategy, config, runtime, worker)
   if evaluating:
     # Every worker evaluates the whole eval split: the same number of steps
     # everywhere (no collective waits on a worker with fewer batches), and
@@ -295,6 +275,51 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
     print(f"train | finished at step {controller.step} | weights fingerprint "
           f"{weights_fingerprint(model)}", flush=True)
     return output
+
+
+def _parameter_server_role(runtime: runtime_lib.RuntimeConfig,
+                           mode: str) -> Optional[runtime_lib.RuntimeConfig]:
+  """Acts on this process's parameter-server cluster role.
+
+  Returns:
+    None after serving as a worker or ps (until stopped); otherwise the
+    runtime to train (chief) or evaluate (evaluator, on no strategy) with.
+
+  Raises:
+    errors.ConfigError: If the role cannot run `mode`.
+  """
+  role, index = cluster.task_role()
+  if role in ("worker", "ps"):
+    cluster.serve_forever(role, index)
+    return None
+  if role == "evaluator":
+    # The sidecar evaluator reads the chief's checkpoints on its own.
+    if mode not in ("eval", "continuous_eval"):
+      raise errors.ConfigError(
+          "the evaluator task runs --mode=continuous_eval (or eval).")
+    return dataclasses.replace(runtime, distribution_strategy="default")
+  if mode != "train":
+    raise errors.ConfigError(
+        "with 'parameter_server' the chief runs --mode=train; evaluation "
+        "runs in an `evaluator` task (--mode=continuous_eval).")
+  return runtime
+
+
+def _train_input(task: task_lib.Task, strategy: tf.distribute.Strategy,
+                 config: TrainerConfig, runtime: runtime_lib.RuntimeConfig,
+                 worker: cluster.WorkerInfo) -> inputs_lib.DistributedInput:
+  """Builds this worker's training input and says which shard it reads."""
+  train_input = inputs_lib.DistributedInput(
+      strategy, lambda ctx: task.build_inputs(True, ctx),
+      config.global_batch_size, training=True,
+      batch_size_name="trainer.global_batch_size", worker=worker,
+      private_threads=runtime.dataset_num_private_threads)
+  if worker.num_workers > 1:
+    context = train_input.input_context
+    print(f"input | worker {worker.worker_index} reads input pipeline "
+          f"{context.input_pipeline_id} of {context.num_input_pipelines}",
+          flush=True)
+  return train_input
 
 
 @contextlib.contextmanager
