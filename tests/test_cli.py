@@ -162,6 +162,8 @@ def test_user_task_outside_the_repo_via_gin_import(tmp_path):
       "runtime.task_index=1"],
      dict(distribution_strategy="multi_worker_mirrored", task_index=1,
           all_reduce_alg="ring")),
+    ("gin/runtime/parameter_server.gin", [],
+     dict(distribution_strategy="parameter_server")),
     ("gin/runtime/tpu_bf16.gin", [],
      dict(distribution_strategy="tpu", mixed_precision_dtype="bfloat16")),
 ])

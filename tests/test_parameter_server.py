@@ -23,7 +23,7 @@ def test_chief_workers_ps_and_evaluator_train_digits(tmp_path):
         {"cluster": cluster, "task": {"type": task_type, "index": index}}))
     return subprocess.Popen(
         [sys.executable, helpers.TRAIN_PY, "--gin_file=gin/digits.gin",
-         '--gin_param=runtime.distribution_strategy="parameter_server"',
+         "--gin_file=gin/runtime/parameter_server.gin",
          "--gin_param=trainer.train_steps=400",
          "--gin_param=trainer.checkpoint_interval=200",
          "--gin_param=trainer.continuous_eval_timeout=60",
