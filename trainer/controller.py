@@ -33,8 +33,8 @@ class Controller(orbit.Controller):
   """`orbit.Controller` that prints a progress line per loop.
 
   Train summaries (mean loss, every task metric, steps/s, examples/s and what
-  `scalars_fn` adds) are written every `summary_interval` steps and at the last step
-  of a `train` call to `train_summary_writer`.
+  `scalars_fn` adds) are written to `train_summary_writer` every
+  `summary_interval` steps and at the final step, `train_steps`.
   """
 
   def __init__(self, *, train_steps: int = 0, global_batch_size: int = 0,
