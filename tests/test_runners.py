@@ -68,11 +68,24 @@ def test_aggregate_logs_sees_every_eval_example_once(tmp_path, strategy):
   assert output["max_error"] >= output["mae"] > 0
 
 
-def test_enable_xla_matches_the_default_run(tmp_path):
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_enable_xla_matches_the_default_run(tmp_path, strategy):
   for name, xla in (("xla", True), ("plain", False)):
-    experiment.run(helpers.LinearRegression(), "train", str(tmp_path / name),
-                   trainer.RuntimeConfig(distribution_strategy="one_device",
-                                         enable_xla=xla, seed=0), _config())
+    experiment.run(
+        helpers.LinearRegression(), "train", str(tmp_path / name),
+        trainer.RuntimeConfig(
+            distribution_strategy=strategy, enable_xla=xla, seed=0,
+            num_cpu_devices=2 if strategy == "mirrored" else 0), _config())
   assert helpers.max_weight_difference(
       helpers.checkpoint_weights(str(tmp_path / "xla")),
       helpers.checkpoint_weights(str(tmp_path / "plain"))) < 1e-5
+
+
+def test_xla_on_several_replicas_refuses_a_custom_train_step(tmp_path):
+  with pytest.raises(trainer.ConfigError,
+                     match="compiles `Task.compute_gradients`"):
+    experiment.run(helpers.PerReplicaMeanLinearRegression(), "train",
+                   str(tmp_path),
+                   trainer.RuntimeConfig(distribution_strategy="mirrored",
+                                         num_cpu_devices=2, enable_xla=True),
+                   _config())

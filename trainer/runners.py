@@ -10,6 +10,7 @@ import orbit
 import tensorflow as tf
 import tf_keras
 
+from trainer import errors
 from trainer import inputs as inputs_lib
 from trainer import task as task_lib
 
@@ -72,8 +73,19 @@ class TaskTrainer(orbit.StandardTrainer):
       with strategy.scope():
         self._window_loss = tf_keras.metrics.Mean("loss")
     self._replica_step = self._task_train_step
-    if enable_xla:
+    if enable_xla and strategy.num_replicas_in_sync == 1:
       self._replica_step = tf.function(self._task_train_step, jit_compile=True)
+    elif enable_xla:
+      # A whole step cannot be compiled on several replicas: applying the
+      # gradients synchronises them. The forward and backward pass can.
+      if type(task).train_step is not task_lib.Task.train_step:
+        raise errors.ConfigError(
+            "`runtime.enable_xla` on several replicas compiles "
+            "`Task.compute_gradients`; a task overriding `train_step` needs "
+            "one replica or no XLA.")
+      self._compiled_gradients = tf.function(task.compute_gradients,
+                                             jit_compile=True)
+      self._replica_step = self._xla_gradients_train_step
     # The plain iterator (not a distributed one) can be checkpointed; Orbit
     # calls `iter()` on what it is given, which returns the iterator itself.
     if coordinator is not None:
@@ -89,6 +101,14 @@ class TaskTrainer(orbit.StandardTrainer):
   def _task_train_step(self, inputs):
     return self.task.train_step(inputs, self.model, self.optimizer,
                                 self.metrics)
+
+  def _xla_gradients_train_step(self, inputs):
+    """`Task.train_step` with its forward and backward pass XLA-compiled."""
+    loss, grads, outputs = self._compiled_gradients(inputs, self.model,
+                                                    self.optimizer)
+    self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+    self.task.process_metrics(self.metrics, inputs[1], outputs)
+    return {"loss": loss}
 
   def create_train_loop_fn(self):
     """Returns `loop(iterator, num_steps)`, which also records the mean loss.

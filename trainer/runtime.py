@@ -125,11 +125,12 @@ class RuntimeConfig:
       raise errors.ConfigError(
           "`runtime.num_gpus` and `runtime.num_cpu_devices` "
           "cannot both be set: replicas are GPUs or CPUs.")
-    if self.enable_xla and self.distribution_strategy not in ("default",
-                                                              "one_device"):
+    if self.enable_xla and self.distribution_strategy not in (
+        "default", "one_device", "mirrored", "multi_worker_mirrored"):
       raise errors.ConfigError(
           "`runtime.enable_xla` is not yet supported with "
-          f"'{self.distribution_strategy}'; use 'default' or 'one_device'.")
+          f"'{self.distribution_strategy}'; use 'default', 'one_device', "
+          "'mirrored' or 'multi_worker_mirrored'.")
     if self.distribution_strategy in ("default", "one_device"):
       if self.num_gpus > 1 or self.num_cpu_devices > 1:
         raise errors.ConfigError(

@@ -7,7 +7,7 @@ across replicas, the global step, checkpoints and summaries. Hook names follow
 Model Garden's `official.core.base_task.Task`, so its users recognise them.
 """
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 import tf_keras
@@ -85,6 +85,23 @@ class Task:
       regularisation losses divided by the replica count. The framework sums
       `loss` over replicas, which gives the global mean.
     """
+    loss, grads, outputs = self.compute_gradients(inputs, model, optimizer)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    self.process_metrics(metrics or [], inputs[1], outputs)
+    return {"loss": loss}
+
+  def compute_gradients(self, inputs, model: tf_keras.Model,
+                        optimizer: tf_keras.optimizers.Optimizer
+                        ) -> Tuple[tf.Tensor, List[tf.Tensor], Any]:
+    """Runs the forward and backward pass of `train_step` on one replica.
+
+    With `runtime.enable_xla` on several replicas, this part is what XLA
+    compiles; `apply_gradients` (which synchronises replicas) runs outside.
+
+    Returns:
+      `(loss, gradients of model.trainable_variables, model outputs)`, the
+      loss scaled as `train_step` describes and the gradients unscaled.
+    """
     features, labels = inputs
     with tf.GradientTape() as tape:
       outputs = model(features, training=True)
@@ -97,13 +114,10 @@ class Task:
       is_loss_scaled = isinstance(optimizer,
                                   tf_keras.mixed_precision.LossScaleOptimizer)
       tape_loss = optimizer.get_scaled_loss(loss) if is_loss_scaled else loss
-    variables = model.trainable_variables
-    grads = tape.gradient(tape_loss, variables)
+    grads = tape.gradient(tape_loss, model.trainable_variables)
     if is_loss_scaled:
       grads = optimizer.get_unscaled_gradients(grads)
-    optimizer.apply_gradients(zip(grads, variables))
-    self.process_metrics(metrics or [], labels, outputs)
-    return {"loss": loss}
+    return loss, grads, outputs
 
   def validation_step(self, inputs, model: tf_keras.Model,
                       metrics: Optional[List[tf_keras.metrics.Metric]] = None
