@@ -73,6 +73,8 @@ class TaskTrainer(orbit.StandardTrainer):
       with strategy.scope():
         self._window_loss = tf_keras.metrics.Mean("loss")
     self._replica_step = self._task_train_step
+    # Only the default `train_step` takes `gradient_fn`; others get nothing.
+    self._step_kwargs = {}
     if enable_xla and strategy.num_replicas_in_sync == 1:
       self._replica_step = tf.function(self._task_train_step, jit_compile=True)
     elif enable_xla:
@@ -83,32 +85,23 @@ class TaskTrainer(orbit.StandardTrainer):
             "`runtime.enable_xla` on several replicas compiles "
             "`Task.compute_gradients`; a task overriding `train_step` needs "
             "one replica or no XLA.")
-      self._compiled_gradients = tf.function(task.compute_gradients,
-                                             jit_compile=True)
-      self._replica_step = self._xla_gradients_train_step
-    # The plain iterator (not a distributed one) can be checkpointed; Orbit
-    # calls `iter()` on what it is given, which returns the iterator itself.
+      self._step_kwargs["gradient_fn"] = tf.function(task.compute_gradients,
+                                                     jit_compile=True)
     if coordinator is not None:
       # Per-worker iterators cannot be checkpointed; Orbit makes one.
       self.train_iterator = None
       super().__init__(
           coordinator.create_per_worker_dataset(train_input.dataset))
       return
+    # The plain iterator (not a distributed one) can be checkpointed; Orbit
+    # calls `iter()` on what it is given, which returns the iterator itself.
     with tf.device("/cpu:0"):
       self.train_iterator = iter(train_input.dataset)
     super().__init__(self.train_iterator)
 
   def _task_train_step(self, inputs):
     return self.task.train_step(inputs, self.model, self.optimizer,
-                                self.metrics)
-
-  def _xla_gradients_train_step(self, inputs):
-    """`Task.train_step` with its forward and backward pass XLA-compiled."""
-    loss, grads, outputs = self._compiled_gradients(inputs, self.model,
-                                                    self.optimizer)
-    self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-    self.task.process_metrics(self.metrics, inputs[1], outputs)
-    return {"loss": loss}
+                                self.metrics, **self._step_kwargs)
 
   def create_train_loop_fn(self):
     """Returns `loop(iterator, num_steps)`, which also records the mean loss.

@@ -7,7 +7,7 @@ across replicas, the global step, checkpoints and summaries. Hook names follow
 Model Garden's `official.core.base_task.Task`, so its users recognise them.
 """
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 import tf_keras
@@ -75,9 +75,18 @@ class Task:
 
   def train_step(self, inputs, model: tf_keras.Model,
                  optimizer: tf_keras.optimizers.Optimizer,
-                 metrics: Optional[List[tf_keras.metrics.Metric]] = None
-                 ) -> Logs:
+                 metrics: Optional[List[tf_keras.metrics.Metric]] = None,
+                 gradient_fn: Optional[Callable[..., Any]] = None) -> Logs:
     """Runs one training step on one replica's slice of the global batch.
+
+    Args:
+      inputs: This replica's `(features, labels)`.
+      model: The model.
+      optimizer: Applies the gradients.
+      metrics: Updated with the step's labels and outputs.
+      gradient_fn: Stands in for `compute_gradients`, with its signature; the
+        framework passes an XLA-compiled one under `runtime.enable_xla` on
+        several replicas.
 
     Returns:
       Logs whose `loss` is this replica's share of the global mean loss: the
@@ -85,7 +94,8 @@ class Task:
       regularisation losses divided by the replica count. The framework sums
       `loss` over replicas, which gives the global mean.
     """
-    loss, grads, outputs = self.compute_gradients(inputs, model, optimizer)
+    gradient_fn = gradient_fn or self.compute_gradients
+    loss, grads, outputs = gradient_fn(inputs, model, optimizer)
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     self.process_metrics(metrics or [], inputs[1], outputs)
     return {"loss": loss}
