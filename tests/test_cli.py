@@ -1,6 +1,5 @@
 """The command line: gin files, bindings, overrides and one-line errors."""
 
-import os
 import textwrap
 
 import pytest

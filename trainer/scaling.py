@@ -29,8 +29,7 @@ def rescale(config, num_replicas: int) -> Tuple[object, float]:
   Raises:
     errors.ConfigError: If a rescaled batch would not be whole.
   """
-  if config.batch_scaling is None or config.batch_scaling == (
-      "keep_global_batch"):
+  if config.batch_scaling in (None, "keep_global_batch"):
     return config, 1.0
   factor = num_replicas / config.reference_replicas
   sizes = {}
