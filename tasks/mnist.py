@@ -7,10 +7,10 @@ from typing import Optional
 
 import gin
 import tensorflow as tf
-import tensorflow_datasets as tfds
 import tf_keras
 
 from tasks import classification
+from tasks import tfds_inputs
 
 
 @gin.configurable
@@ -45,12 +45,10 @@ class MnistClassification(classification.ClassificationTask):
     ], name="mnist_cnn")
 
   def build_inputs(self, training, input_context=None) -> tf.data.Dataset:
-    read_config = tfds.ReadConfig(
-        shuffle_seed=self.shuffle_seed, input_context=input_context)
-    dataset = tfds.load("mnist", split="train" if training else "test",
-                        data_dir=self.data_dir, as_supervised=True,
-                        shuffle_files=training, download=False,
-                        read_config=read_config)
+    dataset = tfds_inputs.load_shard(
+        "mnist", "train" if training else "test", data_dir=self.data_dir,
+        input_context=input_context, shuffle_files=training,
+        shuffle_seed=self.shuffle_seed)
     dataset = dataset.map(_normalize, num_parallel_calls=tf.data.AUTOTUNE)
     if training:
       dataset = dataset.shuffle(self.shuffle_buffer, seed=self.shuffle_seed)

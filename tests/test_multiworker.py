@@ -86,6 +86,7 @@ def test_two_workers_train_digits_in_sync(tmp_path):
 def test_killed_worker_stops_the_other_and_both_resume(tmp_path):
   model_dir = tmp_path / "run"
   workers = _start_workers(model_dir, "--gin_param=trainer.train_steps=100000",
+                           "--gin_param=runtime.seed=0",
                            "--gin_param=trainer.checkpoint_interval=100",
                            "--mode=train")
   try:
@@ -109,9 +110,18 @@ def test_killed_worker_stops_the_other_and_both_resume(tmp_path):
   assert saved >= 100
   outputs = _finish(_start_workers(
       model_dir, f"--gin_param=trainer.train_steps={saved + 200}",
-      "--mode=train"))
+      "--gin_param=runtime.seed=0", "--mode=train"))
   for returncode, stdout, stderr in outputs:
     assert returncode == 0, stderr[-3000:]
     assert f"at step {saved}" in stdout  # Restored the chief's checkpoint.
+    assert f"skips the {saved} batch(es) trained on before" in stdout
   assert _fingerprint(outputs[0][1]) == _fingerprint(outputs[1][1])
   assert helpers.checkpoint_step(str(model_dir)) == saved + 200
+
+  # Each worker skipped the batches of its shard it had consumed, so the
+  # resumed run ends bit-identical to one that was never interrupted.
+  straight = _finish(_start_workers(
+      tmp_path / "straight", f"--gin_param=trainer.train_steps={saved + 200}",
+      "--gin_param=runtime.seed=0", "--mode=train"))
+  assert straight[0][0] == 0, straight[0][2][-3000:]
+  assert _fingerprint(straight[0][1]) == _fingerprint(outputs[0][1])

@@ -46,6 +46,7 @@ def test_chief_workers_ps_and_evaluator_train_digits(tmp_path):
   assert chief.returncode == 0, chief_out[-3000:]
   assert "coordinator schedules steps on 2 worker(s); variables on 1 ps" in (
       chief_out)
+  assert "input | worker i of 2 reads examples i, i + 2, ..." in chief_out
   for out, (task_type, index) in zip(server_outs, [("ps", 0), ("worker", 0),
                                                    ("worker", 1)]):
     assert f"server | {task_type} {index} serving at" in out
@@ -75,3 +76,44 @@ def test_roles_run_the_modes_they_can(tmp_path, monkeypatch):
       experiment.run(helpers.LinearRegression(), mode, str(tmp_path / role),
                      runtime)
     assert not (tmp_path / role).exists()
+
+
+# Runs in its own process: a ParameterServerStrategy connects the whole
+# process to the cluster, which would leak into every later test.
+_PER_WORKER_SHARDS = """
+import json, sys
+import tensorflow as tf
+from trainer import inputs
+ports = json.loads(sys.argv[1])
+spec = tf.train.ClusterSpec({"worker": ports[:2], "ps": ports[2:]})
+config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=3)
+for index in range(2):
+  tf.distribute.Server(spec, "worker", index, config=config, start=True)
+tf.distribute.Server(spec, "ps", 0, start=True)
+resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+    spec, rpc_layer="grpc")
+strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+train_input = inputs.DistributedInput(
+    strategy, lambda context: tf.data.Dataset.range(40), 2, training=True)
+iterator = iter(coordinator.create_per_worker_dataset(
+    train_input.per_worker_dataset_fn(2)))
+step = tf.function(lambda iterator: next(iterator))
+batches = [coordinator.schedule(step, args=(iterator,)) for _ in range(16)]
+coordinator.join()
+print(json.dumps([batch.fetch().tolist() for batch in batches]))
+"""
+
+
+def test_each_worker_reads_its_own_shard():
+  ports = [f"127.0.0.1:{port}" for port in helpers.free_ports(3)]
+  result = subprocess.run(
+      [sys.executable, "-c", _PER_WORKER_SHARDS, json.dumps(ports)],
+      cwd=helpers.REPO_ROOT, capture_output=True, text=True, timeout=120,
+      env=dict(os.environ, TF_USE_LEGACY_KERAS="1"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  batches = json.loads(result.stdout.strip().splitlines()[-1])
+  # Worker i keeps examples i, i + 2, ...: every batch is all even or all
+  # odd, and both workers took steps.
+  parities = {tuple(x % 2 for x in batch) for batch in batches}
+  assert parities == {(0, 0), (1, 1)}

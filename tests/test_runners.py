@@ -68,7 +68,8 @@ def test_aggregate_logs_sees_every_eval_example_once(tmp_path, strategy):
   assert output["max_error"] >= output["mae"] > 0
 
 
-@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+@pytest.mark.parametrize("strategy",
+                         ["one_device", "mirrored", "central_storage"])
 def test_enable_xla_matches_the_default_run(tmp_path, strategy):
   for name, xla in (("xla", True), ("plain", False)):
     experiment.run(

@@ -57,8 +57,11 @@ from trainer import runtime
      "`runtime.worker_hosts`."),
     (dict(distribution_strategy="multi_worker_mirrored", num_cpu_devices=2),
      "`runtime.num_cpu_devices` does not apply to 'multi_worker_mirrored'"),
-    (dict(distribution_strategy="central_storage", enable_xla=True),
-     "`runtime.enable_xla` is not yet supported with 'central_storage'"),
+    (dict(distribution_strategy="parameter_server", enable_xla=True),
+     "`runtime.enable_xla` cannot be used with 'parameter_server': XLA "
+     "cannot read variables placed on the parameter servers."),
+    (dict(distribution_strategy="tpu", tpu="local", enable_xla=True),
+     "TPU steps are always compiled with XLA"),
 ])
 def test_invalid_settings_fail_on_construction(settings, message):
   with pytest.raises(errors.ConfigError) as raised:

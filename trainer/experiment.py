@@ -183,8 +183,12 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     spec = tf.distribute.cluster_resolver.TFConfigClusterResolver(
     ).cluster_spec()
-    print(f"cluster | coordinator schedules steps on {spec.num_tasks('worker')}"
-          f" worker(s); variables on {spec.num_tasks('ps')} ps", flush=True)
+    num_workers = spec.num_tasks("worker")
+    print(f"cluster | coordinator schedules steps on {num_workers} worker(s);"
+          f" variables on {spec.num_tasks('ps')} ps", flush=True)
+    if training and num_workers > 1:
+      print(f"input | worker i of {num_workers} reads examples i, "
+            f"i + {num_workers}, ... of the task's training data", flush=True)
   logging.info("strategy %s with %d replica(s); worker %d of %d",
                type(strategy).__name__, strategy.num_replicas_in_sync,
                worker.worker_index, worker.num_workers)
@@ -217,14 +221,15 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
         run_eagerly=runtime.run_eagerly, enable_xla=runtime.enable_xla,
         coordinator=coordinator)
     checkpoint_items["optimizer"] = optimizer
-    if worker.num_workers > 1 or coordinator is not None:
-      # The chief's checkpoint would hand its own input position (its shard)
-      # to every worker on restore; per-worker iterators cannot be saved.
-      logging.warning("multi-worker: the input position is not checkpointed; "
-                      "a restarted run reads each worker's data from its "
-                      "start.")
-    elif inputs_lib.is_checkpointable(train_input.dataset):
+    input_in_checkpoint = (worker.num_workers == 1 and coordinator is None and
+                           inputs_lib.is_checkpointable(train_input.dataset))
+    if input_in_checkpoint:
       checkpoint_items["train_iterator"] = trainer.train_iterator
+    elif coordinator is not None:
+      # Workers take steps in no fixed order: no position to resume exactly.
+      logging.warning("parameter_server: the input position is not "
+                      "checkpointed; a restarted run reads each worker's "
+                      "shard from its start.")
   if evaluating:
     evaluator = runners.TaskEvaluator(task, model, strategy, eval_input,
                                       global_step,
@@ -259,6 +264,10 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
         partial_restore=not training,
         restore_dir=model_dir)
 
+    if training and not input_in_checkpoint and coordinator is None:
+      # The chief's checkpoint cannot hold every worker's iterator (and some
+      # pipelines cannot be saved at all): skip what was consumed instead.
+      _skip_consumed_input(trainer, controller.step)
     if mode == "eval":
       return controller.evaluate(config.validation_steps)
     if mode == "continuous_eval":
@@ -320,6 +329,15 @@ def _train_input(task: task_lib.Task, strategy: tf.distribute.Strategy,
           f"{context.input_pipeline_id} of {context.num_input_pipelines}",
           flush=True)
   return train_input
+
+
+def _skip_consumed_input(trainer: runners.TaskTrainer, step: int) -> None:
+  """Moves the training input past the `step` batches already trained on."""
+  if step == 0:
+    return
+  trainer.skip_input(step)
+  print(f"input | resuming: skips the {step} batch(es) trained on before",
+        flush=True)
 
 
 @contextlib.contextmanager

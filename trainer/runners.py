@@ -90,14 +90,34 @@ class TaskTrainer(orbit.StandardTrainer):
     if coordinator is not None:
       # Per-worker iterators cannot be checkpointed; Orbit makes one.
       self.train_iterator = None
-      super().__init__(
-          coordinator.create_per_worker_dataset(train_input.dataset))
+      # The strategy keeps its resolver private; TF_CONFIG describes it.
+      num_workers = tf.distribute.cluster_resolver.TFConfigClusterResolver(
+      ).cluster_spec().num_tasks("worker")
+      super().__init__(coordinator.create_per_worker_dataset(
+          train_input.per_worker_dataset_fn(num_workers)))
       return
     # The plain iterator (not a distributed one) can be checkpointed; Orbit
     # calls `iter()` on what it is given, which returns the iterator itself.
     with tf.device("/cpu:0"):
       self.train_iterator = iter(train_input.dataset)
     super().__init__(self.train_iterator)
+
+  def skip_input(self, num_batches: int) -> None:
+    """Restarts the input after its first `num_batches` batches.
+
+    Resumes the input position when the iterator is not in the checkpoint:
+    each worker reads one batch per step, so skipping `global_step` batches of
+    a deterministic pipeline puts it where the saved run was. The skipped
+    batches are read and discarded, so the cost grows with the step.
+    """
+    if num_batches <= 0:
+      return
+    # A new dataset, not `self._input.dataset`: iterating a dataset again
+    # advances the seed of `shuffle(reshuffle_each_iteration=True)`, which
+    # would give another order than the saved run's (measured).
+    with tf.device("/cpu:0"):
+      self.train_iterator = iter(self._input.build().skip(num_batches))
+    self.train_dataset = self.train_iterator
 
   def _task_train_step(self, inputs):
     return self.task.train_step(inputs, self.model, self.optimizer,

@@ -125,12 +125,17 @@ class RuntimeConfig:
       raise errors.ConfigError(
           "`runtime.num_gpus` and `runtime.num_cpu_devices` "
           "cannot both be set: replicas are GPUs or CPUs.")
-    if self.enable_xla and self.distribution_strategy not in (
-        "default", "one_device", "mirrored", "multi_worker_mirrored"):
+    if self.enable_xla and self.distribution_strategy == "parameter_server":
+      # Measured: the compiled step fails on the worker with "Trying to access
+      # resource ... located in device /job:ps" (XLA known issue
+      # tfvariable_on_a_different_device).
       raise errors.ConfigError(
-          "`runtime.enable_xla` is not yet supported with "
-          f"'{self.distribution_strategy}'; use 'default', 'one_device', "
-          "'mirrored' or 'multi_worker_mirrored'.")
+          "`runtime.enable_xla` cannot be used with 'parameter_server': XLA "
+          "cannot read variables placed on the parameter servers.")
+    if self.enable_xla and self.distribution_strategy == "tpu":
+      raise errors.ConfigError(
+          "`runtime.enable_xla` is for CPUs and GPUs: TPU steps are always "
+          "compiled with XLA.")
     if self.distribution_strategy in ("default", "one_device"):
       if self.num_gpus > 1 or self.num_cpu_devices > 1:
         raise errors.ConfigError(

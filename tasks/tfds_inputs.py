@@ -1,0 +1,40 @@
+"""Loading a worker's shard of a tensorflow-datasets split.
+
+tfds shards by files (`ReadConfig(input_context=...)`), which is the cheap
+way, but refuses when a split has fewer files than input pipelines (MNIST's
+train split is a single file). Those splits are divided by examples with the
+subsplit API instead (`tfds.even_splits`), so every worker still reads a
+disjoint part.
+"""
+
+from typing import Optional
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+
+def load_shard(name: str, split: str, *, data_dir: Optional[str],
+               input_context: Optional[tf.distribute.InputContext],
+               shuffle_files: bool, shuffle_seed: int) -> tf.data.Dataset:
+  """Returns this input pipeline's part of `split`, as (image, label) pairs.
+
+  Args:
+    name: The tfds dataset, prepared beforehand (nothing is downloaded).
+    split: The split to read.
+    data_dir: Where tfds keeps the dataset; None for tfds's default.
+    input_context: Which of how many input pipelines this is; None for all.
+    shuffle_files: Read the files in a seeded random order.
+    shuffle_seed: Seeds the file order.
+  """
+  read_config = tfds.ReadConfig(shuffle_seed=shuffle_seed)
+  pipelines = input_context.num_input_pipelines if input_context else 1
+  if pipelines > 1:
+    builder = tfds.builder(name, data_dir=data_dir)
+    if builder.info.splits[split].num_shards >= pipelines:
+      read_config.input_context = input_context
+    else:
+      split = tfds.even_splits(split, n=pipelines)[
+          input_context.input_pipeline_id]
+  return tfds.load(name, split=split, data_dir=data_dir, as_supervised=True,
+                   shuffle_files=shuffle_files, download=False,
+                   read_config=read_config)
