@@ -12,6 +12,8 @@ from typing import Optional
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from trainer import errors
+
 
 def load_shard(name: str, split: str, *, data_dir: Optional[str],
                input_context: Optional[tf.distribute.InputContext],
@@ -25,16 +27,31 @@ def load_shard(name: str, split: str, *, data_dir: Optional[str],
     input_context: Which of how many input pipelines this is; None for all.
     shuffle_files: Read the files in a seeded random order.
     shuffle_seed: Seeds the file order.
+
+  Raises:
+    errors.ConfigError: If the dataset is not prepared in `data_dir`.
   """
   read_config = tfds.ReadConfig(shuffle_seed=shuffle_seed)
   pipelines = input_context.num_input_pipelines if input_context else 1
-  if pipelines > 1:
+  try:
     builder = tfds.builder(name, data_dir=data_dir)
+  except tfds.core.registered.DatasetNotFoundError as e:
+    raise errors.ConfigError(f"no tfds dataset named '{name}'.") from e
+  if pipelines > 1:
     if builder.info.splits[split].num_shards >= pipelines:
       read_config.input_context = input_context
     else:
       split = tfds.even_splits(split, n=pipelines)[
           input_context.input_pipeline_id]
-  return tfds.load(name, split=split, data_dir=data_dir, as_supervised=True,
-                   shuffle_files=shuffle_files, download=False,
-                   read_config=read_config)
+  try:
+    return tfds.load(name, split=split, data_dir=data_dir,
+                     as_supervised=True, shuffle_files=shuffle_files,
+                     download=False, read_config=read_config)
+  except AssertionError as e:  # tfds's way of saying the data is not there.
+    if "could not find data" not in str(e):
+      raise
+    raise errors.ConfigError(
+        f"tfds dataset '{name}' is not prepared in data_dir "
+        f"({data_dir or 'the tfds default'}): nothing is downloaded at "
+        f"training time; run `tfds build {name}` (with --data_dir) first."
+    ) from e

@@ -2,10 +2,13 @@
 
 import glob
 import os
+import re
 import socket
 import subprocess
 import sys
-from typing import Dict, List, Sequence
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -69,6 +72,15 @@ def checkpoint_weights(model_dir: str) -> Dict[str, np.ndarray]:
   return {name: reader.get_tensor(name)
           for name in reader.get_variable_to_shape_map()
           if name.startswith("model/") and "OPTIMIZER_SLOT" not in name}
+
+
+def checkpoint_numbers(path: str) -> Dict[str, np.ndarray]:
+  """Returns every numeric value of a checkpoint (prefix or directory): the
+  model, optimizer slots and step counters; not the iterator's state."""
+  reader = tf.train.load_checkpoint(path)
+  return {name: reader.get_tensor(name)
+          for name, dtype in reader.get_variable_to_dtype_map().items()
+          if dtype.is_floating or dtype.is_integer}
 
 
 def checkpoint_step(model_dir: str) -> int:
@@ -159,3 +171,69 @@ def write_fake_mnist(data_dir: str, num_train: int = 64, num_test: int = 32,
           "image": tfds.features.Image(shape=(28, 28, 1)),
           "label": tfds.features.ClassLabel(num_classes=10)}),
   ).download_and_prepare()
+
+
+class TrainProcess:
+  """`python train.py ARGS` in the background, its stdout read as it comes.
+
+  Always `close()` it (it kills the process if still running).
+  """
+
+  def __init__(self, args: Sequence[str], env: Optional[Dict[str, str]] = None):
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    self.process = subprocess.Popen(
+        [sys.executable, TRAIN_PY, *args], cwd=REPO_ROOT, env=full_env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    self.lines: List[str] = []
+    self._stderr_lines: List[str] = []
+    self._readers = [
+        threading.Thread(target=self._read, daemon=True,
+                         args=(self.process.stdout, self.lines)),
+        threading.Thread(target=self._read, daemon=True,
+                         args=(self.process.stderr, self._stderr_lines))]
+    for reader in self._readers:
+      reader.start()
+
+  @staticmethod
+  def _read(stream, lines: List[str]) -> None:
+    for line in stream:
+      lines.append(line.rstrip("\n"))
+
+  def wait_for(self, pattern: str, timeout: float = 120.0) -> re.Match:
+    """Returns the first stdout line matching `pattern`, waiting for it."""
+    deadline = time.time() + timeout
+    seen = 0
+    while time.time() < deadline:
+      for line in self.lines[seen:]:
+        found = re.search(pattern, line)
+        if found:
+          return found
+      seen = len(self.lines)
+      if self.process.poll() is not None and not self._readers[0].is_alive():
+        break
+      time.sleep(0.05)
+    raise AssertionError(f"no line matching {pattern!r}; last lines: "
+                         f"{self.lines[-5:]}")
+
+  def finish(self, timeout: float = 120.0) -> int:
+    """Waits for the exit; returns the exit code."""
+    try:
+      self.process.wait(timeout=timeout)
+    finally:
+      self.close()
+    return self.process.returncode
+
+  def close(self) -> None:
+    if self.process.poll() is None:
+      self.process.kill()
+      self.process.wait()
+    for reader in self._readers:
+      reader.join(timeout=10)
+
+  @property
+  def output(self) -> str:
+    return "\n".join(self.lines)
+
+  @property
+  def stderr(self) -> str:
+    return "\n".join(self._stderr_lines)

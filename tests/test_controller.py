@@ -4,6 +4,7 @@ cadence, restore."""
 import os
 import re
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -79,10 +80,87 @@ def test_restoring_a_different_model_names_the_variable(tmp_path):
                                   tf_keras.layers.Dense(16, "tanh"),
                                   tf_keras.layers.Dense(1)])
 
-  with pytest.raises(ValueError, match=r"incompatible tensor with shape \(8,\) "
-                     r"when attempting to restore variable with shape \(16,\) "
-                     r"and name dense_\d+/bias"):
+  before = helpers.snapshot(str(tmp_path))
+  with pytest.raises(trainer.ConfigError,
+                     match=r"^checkpoint \S+/ckpt-20 does not fit this model: "
+                     r"variable dense_\d+/bias has shape \(16,\) in this "
+                     r"model but \(8,\) in the checkpoint\.$"):
     experiment.run(Wider(), "train", str(tmp_path), None,
                    trainer.TrainerConfig(train_steps=40, steps_per_loop=5,
                                          summary_interval=5,
                                          global_batch_size=16))
+  assert helpers.snapshot(str(tmp_path)) == before  # Nothing written.
+
+
+class _NanAtStep(helpers.LinearRegression):
+  """Batch number `bad_step` (1-based, 32 examples each, first epoch) holds
+  NaN features, so exactly that step's loss is NaN."""
+
+  def __init__(self, bad_step):
+    super().__init__(num_examples=32 * 150)
+    self.bad_step = bad_step
+
+  def build_inputs(self, training, input_context=None):
+    features, labels = next(iter(super().build_inputs(training).batch(
+        self.num_examples)))
+    if training:
+      rows = tf.range(self.num_examples)[:, None]
+      bad = (rows >= 32 * (self.bad_step - 1)) & (rows < 32 * self.bad_step)
+      features = tf.where(bad, float("nan"), features)
+    return tf.data.Dataset.from_tensor_slices((features, labels))
+
+
+def _nan_run(model_dir, strategy="one_device", **overrides):
+  settings = dict(train_steps=100, steps_per_loop=100, summary_interval=100,
+                  checkpoint_interval=100, global_batch_size=32)
+  settings.update(overrides)
+  return experiment.run(
+      _NanAtStep(37), "train", model_dir,
+      trainer.RuntimeConfig(distribution_strategy=strategy, seed=0,
+                            num_cpu_devices=2 if strategy == "mirrored" else 0),
+      trainer.TrainerConfig(**settings))
+
+
+def _all_checkpoints_finite(model_dir):
+  prefixes = [p[:-len(".index")] for p in os.listdir(model_dir)
+              if p.endswith(".index")]
+  for prefix in prefixes:
+    for value in helpers.checkpoint_numbers(
+        os.path.join(model_dir, prefix)).values():
+      assert np.all(np.isfinite(value)), prefix
+  return len(prefixes)
+
+
+def test_nan_loss_stops_at_its_step_inside_a_loop(tmp_path):
+  model_dir = str(tmp_path)
+  with pytest.raises(trainer.NonFiniteError,
+                     match=r"^the training loss is not finite at step 37; "
+                     r"the newest checkpoint \(step 0\) was saved before it "
+                     r"and holds finite values\.$") as raised:
+    _nan_run(model_dir)
+  assert raised.value.step == 37
+  # The 100-step loop stopped at step 37; nothing was saved after it.
+  assert _all_checkpoints_finite(model_dir) == 0
+  assert not os.path.exists(os.path.join(model_dir, "train"))
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_rollback_skips_the_bad_batch_and_finishes(tmp_path, capsys,
+                                                   strategy):
+  model_dir = str(tmp_path)
+  _nan_run(model_dir, strategy, on_nonfinite="rollback")
+  out = capsys.readouterr().out
+  assert ("train | non-finite loss at step 37: rolled back to step 0, "
+          "skipping that step's batch (rollback 1 of 3)") in out
+  assert "train | skipped the batch of step 37" in out
+  assert helpers.checkpoint_step(model_dir) == 100
+  assert _all_checkpoints_finite(model_dir) == 2  # ckpt-0 and ckpt-100.
+  # Exactly one batch was thrown away, and it is in the checkpoint.
+  numbers = helpers.checkpoint_numbers(model_dir)
+  assert numbers["discarded_batches/.ATTRIBUTES/VARIABLE_VALUE"] == 1
+
+
+def test_rollbacks_are_limited(tmp_path):
+  with pytest.raises(trainer.NonFiniteError,
+                     match="not finite at step 37 after 0 rollback"):
+    _nan_run(str(tmp_path), on_nonfinite="rollback", max_rollbacks=0)

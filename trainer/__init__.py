@@ -12,11 +12,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from trainer.errors import ConfigError
+from trainer.errors import NonFiniteError
+from trainer.errors import Preempted
 from trainer.experiment import MODES
 from trainer.experiment import run
 from trainer.experiment import TrainerConfig
 from trainer.runtime import RuntimeConfig
 from trainer.task import Task
 
-__all__ = ["ConfigError", "MODES", "RuntimeConfig", "Task", "TrainerConfig",
-           "run"]
+__all__ = ["ConfigError", "MODES", "NonFiniteError", "Preempted",
+           "RuntimeConfig", "Task", "TrainerConfig", "run"]

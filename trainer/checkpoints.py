@@ -1,8 +1,22 @@
-"""Checkpoint manager creation and restore-or-initialise."""
+"""Checkpoint manager creation, restore with fallback, and cleanup.
 
-from typing import Callable, Optional
+`tf.train.CheckpointManager` restores only the newest checkpoint and fails
+if it is damaged; measured on this stack, a truncated file raises
+`IndexError`, flipped bytes `DataLossError`, a missing data file an
+`OpError`. `restore` then falls back to the next newest, leaving the damaged
+one on disk for inspection: nothing is deleted because a newer one is bad.
+"""
 
+import glob
+import os
+import re
+import shutil
+from typing import Callable, List, Optional
+
+from absl import logging
 import tensorflow as tf
+
+from trainer import errors
 
 
 def create_manager(checkpoint: tf.train.Checkpoint, directory: str,
@@ -23,29 +37,112 @@ def create_manager(checkpoint: tf.train.Checkpoint, directory: str,
       step_counter=global_step, init_fn=init_fn)
 
 
+def candidates(directory: str) -> List[str]:
+  """Returns the checkpoints in `directory`'s state file, newest first."""
+  state = tf.train.get_checkpoint_state(directory)
+  if state is None:
+    return []
+  paths = list(state.all_model_checkpoint_paths)
+  if state.model_checkpoint_path and state.model_checkpoint_path not in paths:
+    paths.append(state.model_checkpoint_path)
+  paths = [p if os.path.isabs(p) else os.path.join(directory, p)
+           for p in paths]
+  return sorted(paths, key=_number, reverse=True)
+
+
+def _number(path: str) -> int:
+  match = re.search(r"-(\d+)$", path)
+  return int(match.group(1)) if match else -1
+
+
+def _mismatch(error: Exception) -> Optional[str]:
+  """Names the problem when `error` says the checkpoint is another model's."""
+  match = re.search(r"incompatible tensor with shape (\S+) when attempting to "
+                    r"restore variable with shape (\S+) and name (\S+?)(:0)?\.",
+                    str(error))
+  if match:
+    return (f"variable {match.group(3)} has shape {match.group(2)} in this "
+            f"model but {match.group(1)} in the checkpoint")
+  if isinstance(error, AssertionError):
+    return (str(error).strip().splitlines() or ["objects do not match"])[0]
+  return None
+
+
 def restore(manager: tf.train.CheckpointManager,
-            path: Optional[str] = None, partial: bool = False
-            ) -> Optional[str]:
-  """Restores `path` (default: the newest checkpoint) or initialises.
+            path: Optional[str] = None, partial: bool = False,
+            directory: Optional[str] = None) -> Optional[str]:
+  """Restores `path`, or the newest restorable checkpoint, or initialises.
 
   Args:
-    manager: Owns the checkpoint object and its directory.
-    path: A checkpoint prefix; None for the newest in the directory.
+    manager: Owns the checkpoint object (and, by default, the directory).
+    path: A checkpoint prefix to restore, with no fallback; None for the
+      newest in the directory that can be restored.
     partial: Expect the checkpoint to hold more than this run built (eval
       modes build no optimizer); otherwise every object built must match.
+    directory: Where to look when it is not `manager.directory` (a
+      non-chief worker restores the chief's checkpoints).
 
   Returns:
     The restored prefix, or None when there was nothing to restore and
     `init_fn` ran instead.
+
+  Raises:
+    errors.ConfigError: If the checkpoint belongs to a different model, or
+      no listed checkpoint could be restored.
   """
-  path = path or manager.latest_checkpoint
-  if path is None:
+  paths = [path] if path else candidates(directory or manager.directory)
+  if not paths:
     return manager.restore_or_initialize()
-  status = manager.checkpoint.restore(path)
+  failures = []
+  for candidate in paths:
+    try:
+      _restore_one(manager.checkpoint, candidate, partial)
+      if failures:
+        logging.warning("restored %s instead", candidate)
+        print(f"checkpoint | restored {candidate} instead of the damaged "
+              f"{', '.join(failures)}", flush=True)
+      return candidate
+    except Exception as e:  # pylint: disable=broad-except
+      mismatch = _mismatch(e)
+      if mismatch:
+        raise errors.ConfigError(
+            f"checkpoint {candidate} does not fit this model: {mismatch}."
+        ) from e
+      first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      logging.warning("cannot restore checkpoint %s (%s: %s)", candidate,
+                      type(e).__name__, first_line)
+      print(f"checkpoint | cannot restore {candidate} ({type(e).__name__}: "
+            f"{first_line[:200]})", flush=True)
+      failures.append(os.path.basename(candidate))
+  raise errors.ConfigError(
+      f"no checkpoint in {directory or manager.directory} can be restored "
+      f"(tried {', '.join(failures)}).")
+
+
+def _restore_one(checkpoint: tf.train.Checkpoint, path: str,
+                 partial: bool) -> None:
+  status = checkpoint.restore(path)
   if partial:
     status.expect_partial()
   else:
     # Everything built must match; optimizer slots not built yet are filled
     # when the first step creates them (deferred restoration).
     status.assert_existing_objects_matched().expect_partial()
-  return path
+
+
+def remove_interrupted_saves(directory: str) -> List[str]:
+  """Deletes `ckpt-N_temp` folders left by saves that were killed.
+
+  A save writes into `<prefix>_temp` and renames it when complete; the state
+  file only lists completed saves, so these folders are never read.
+
+  Returns:
+    The removed paths.
+  """
+  removed = []
+  for path in glob.glob(os.path.join(directory, "*_temp")):
+    if os.path.isdir(path):
+      shutil.rmtree(path, ignore_errors=True)
+      removed.append(path)
+      logging.warning("removed %s, left by an interrupted save", path)
+  return removed

@@ -8,11 +8,13 @@ bad flags) end the process with exit code 2 and one line on stderr, before
 `model_dir` is created or changed.
 """
 
+import dataclasses
 import difflib
 import inspect
 import os
 import re
 import sys
+import tempfile
 from typing import List, Optional, Sequence, Tuple
 
 from absl import app
@@ -39,6 +41,10 @@ flags.DEFINE_multi_string("gin_param", [], "Gin binding such as "
 flags.DEFINE_string("model_dir", None, "Directory for checkpoints, summaries "
                     "and the operative config.")
 flags.DEFINE_enum("mode", "train_and_eval", experiment.MODES, "What to run.")
+flags.DEFINE_bool("dry_run", False, "Validate the configuration, build the "
+                  "model and datasets, run one train and one eval step in a "
+                  "temporary directory, print the resolved config and exit; "
+                  "--model_dir is not touched.")
 
 
 @gin.configurable("experiment")
@@ -181,10 +187,16 @@ def main(model_dir: str, task: task_lib.Task,
     logging.set_verbosity(logging.WARNING)
   logging.info("task %s, mode %s, model_dir %s", type(task).__name__,
                FLAGS.mode, model_dir)
+  if FLAGS.dry_run:
+    return dry_run(task, runtime, config)
   try:
     results = experiment.run(task, FLAGS.mode, model_dir, runtime, config)
   except errors.ConfigError as e:
     _fail(str(e))
+  except errors.NonFiniteError as e:
+    _fail(str(e), RUNTIME_ERROR_EXIT_CODE)
+  except errors.Preempted as e:
+    _fail(str(e), e.exit_code)
   except tf.errors.OpError as e:
     # A failed peer (UnavailableError), a lost device, a full disk: the
     # TensorFlow message's first line names it; checkpoints already written
@@ -195,6 +207,35 @@ def main(model_dir: str, task: task_lib.Task,
     summary = " | ".join(f"{name} {float(value):.4f}"
                          for name, value in sorted(results.items()))
     print(f"final eval | {summary}", flush=True)
+  return 0
+
+
+def dry_run(task: task_lib.Task, runtime: runtime_lib.RuntimeConfig,
+            config: experiment.TrainerConfig) -> int:
+  """Runs one train and one eval step in a temporary directory.
+
+  Everything a real run builds is built (strategy, model, optimizer, both
+  datasets, the compiled steps), so a problem shows in seconds rather than
+  at the first evaluation hours later. Returns the exit code.
+  """
+  trial = dataclasses.replace(
+      config, train_steps=1, steps_per_loop=1, summary_interval=1,
+      checkpoint_interval=1, validation_interval=0, validation_steps=1)
+  with tempfile.TemporaryDirectory(prefix="dry_run-") as directory:
+    try:
+      results = experiment.run(task, "train_and_eval", directory, runtime,
+                               trial)
+    except errors.ConfigError as e:
+      _fail(str(e))
+    except (errors.NonFiniteError, tf.errors.OpError) as e:
+      first_line = (str(e).strip().splitlines() or [""])[0]
+      _fail(f"{type(e).__name__}: {first_line}", RUNTIME_ERROR_EXIT_CODE)
+  print("dry run | resolved configuration:", flush=True)
+  print(gin.operative_config_str().rstrip(), flush=True)
+  summary = " | ".join(f"{name} {float(value):.4f}"
+                       for name, value in sorted(results.items()))
+  print(f"dry run | ok: one train step and one eval step ran | {summary}",
+        flush=True)
   return 0
 
 

@@ -21,6 +21,8 @@ import orbit
 import tensorflow as tf
 
 from trainer import checkpoints
+from trainer import errors
+from trainer import preemption as preemption_lib
 from trainer import summaries
 
 
@@ -39,10 +41,15 @@ class Controller(orbit.Controller):
 
   def __init__(self, *, train_steps: int = 0, global_batch_size: int = 0,
                checkpoint_interval: int = 1,
-               train_summary_writer: Optional[tf.summary.SummaryWriter] = None,
+               train_summary_writer: Optional[summaries.Writer] = None,
                scalars_fn: Optional[Callable[[], Dict[str, float]]] = None,
                partial_restore: bool = False,
                restore_dir: Optional[str] = None,
+               on_nonfinite: str = "stop", max_rollbacks: int = 0,
+               finite_fn: Optional[Callable[[], bool]] = None,
+               resume_input_fn: Optional[Callable[[int], None]] = None,
+               preemption: Optional[preemption_lib.PreemptionWatcher] = None,
+               preemption_exit_code: int = 42, num_workers: int = 1,
                **kwargs):
     """Builds the controller; restores the newest checkpoint if there is one.
 
@@ -59,6 +66,17 @@ class Controller(orbit.Controller):
         where this process saves (a non-chief worker saves to a temporary
         directory but restores the chief's checkpoints); None for the
         checkpoint manager's directory.
+      on_nonfinite: What a non-finite training loss does: "stop" raises
+        `errors.NonFiniteError` naming the step; "rollback" restores the
+        newest checkpoint and skips the offending batch.
+      max_rollbacks: Rollbacks allowed before stopping anyway.
+      finite_fn: Returns whether every checkpointed variable is finite;
+        checked before each save, so no checkpoint holds NaN or Inf.
+      resume_input_fn: Called with the restored step after a rollback when
+        the input position is not part of the checkpoint.
+      preemption: Watches for SIGTERM/SIGINT; checked after every loop.
+      preemption_exit_code: Carried by `errors.Preempted`.
+      num_workers: Workers that must agree on stopping for a preemption.
       **kwargs: Passed to `orbit.Controller`.
     """
     self._train_steps = train_steps
@@ -68,6 +86,15 @@ class Controller(orbit.Controller):
     self._scalars_fn = scalars_fn
     self._partial_restore = partial_restore
     self._restore_dir = restore_dir
+    self._on_nonfinite = on_nonfinite
+    self._max_rollbacks = max_rollbacks
+    self._rollbacks = 0
+    self._discard_at = None  # The step whose batch a rollback skips.
+    self._finite_fn = finite_fn
+    self._resume_input_fn = resume_input_fn
+    self._preemption = preemption
+    self._preemption_exit_code = preemption_exit_code
+    self._num_workers = num_workers
     self._step = None  # Python mirror of `global_step`, set at restore.
     # Every worker must take the same save decisions, so they are based on
     # the restored step, not on what this process's directory holds.
@@ -85,11 +112,11 @@ class Controller(orbit.Controller):
       The restored path, or None when nothing was restored.
     """
     self._require("checkpoint_manager", for_method="restore_checkpoint")
-    if checkpoint_path is None and self._restore_dir is not None:
-      checkpoint_path = tf.train.latest_checkpoint(self._restore_dir)
     with self.strategy.scope():
-      path = checkpoints.restore(self.checkpoint_manager, checkpoint_path,
-                                 partial=self._partial_restore)
+      path = checkpoints.restore(
+          self.checkpoint_manager, checkpoint_path,
+          partial=self._partial_restore,
+          directory=self._restore_dir)
     self._step = int(self.global_step.numpy())
     self._last_saved_step = self._step
     if path:
@@ -105,25 +132,54 @@ class Controller(orbit.Controller):
     self._require("trainer", for_method="train")
     if self._step < steps:
       _log(f"train | from step {self._step} to step {steps}")
+    if (self._on_nonfinite == "rollback" and self._step < steps and
+        self.checkpoint_manager is not None and self._newest() is None):
+      # A rollback needs a checkpoint to go back to, even at step 0.
+      self._maybe_save_checkpoint(check_interval=False, force=True)
     while self._step < steps:
-      self._train_n_steps(min(steps - self._step, self.steps_per_loop))
+      num_steps = min(steps - self._step, self.steps_per_loop)
+      if self._discard_at is not None:
+        if self._step == self._discard_at - 1:
+          self.trainer.discard_batch()
+          _log(f"train | skipped the batch of step {self._discard_at}")
+          self._discard_at = None
+        else:
+          num_steps = min(num_steps, self._discard_at - 1 - self._step)
+      self._train_n_steps(num_steps)
       self._maybe_save_checkpoint()
+      if self._preemption is not None and self._preemption.agreed(
+          self.strategy, self._num_workers):
+        self._maybe_save_checkpoint(check_interval=False)
+        raise errors.Preempted(self._step, self._preemption_exit_code)
     if checkpoint_at_completion:
       self._maybe_save_checkpoint(check_interval=False)
     self._sync_on_async_checkpointing()
 
-  def _maybe_save_checkpoint(self, check_interval: bool = True) -> bool:
+  def _newest(self) -> Optional[str]:
+    return tf.train.latest_checkpoint(self._restore_dir or
+                                      self.checkpoint_manager.directory)
+
+  def _maybe_save_checkpoint(self, check_interval: bool = True,
+                             force: bool = False) -> bool:
     """Saves when the step crosses a multiple of `checkpoint_interval`.
 
     `tf.train.CheckpointManager`'s own interval counts from the first save
     (steps 10, 30, 50 for an interval of 20 after a first loop of 10), and
     Orbit saves again at completion even if the step is already saved.
+
+    Raises:
+      errors.NonFiniteError: Instead of saving non-finite variables.
     """
-    if self.checkpoint_manager is None or self._last_saved_step == self._step:
+    if self.checkpoint_manager is None or (
+        self._last_saved_step == self._step and not force):
       return False
     if check_interval and (self._step // self._checkpoint_interval ==
                            self._last_saved_step // self._checkpoint_interval):
       return False
+    if self._finite_fn is not None and not self._finite_fn():
+      raise errors.NonFiniteError(
+          f"variables are not finite at step {self._step}; not saved (the "
+          f"newest checkpoint is step {self._last_saved_step}).", self._step)
     path = self.checkpoint_manager.save(checkpoint_number=self._step)
     self._last_saved_step = self._step
     _log(f"saved checkpoint {path}")
@@ -133,6 +189,11 @@ class Controller(orbit.Controller):
     start = time.perf_counter()
     train_output = self.trainer.train(
         tf.convert_to_tensor(num_steps, dtype=tf.int32))
+    nonfinite_step = int(self.trainer.nonfinite_step.numpy())
+    if nonfinite_step >= 0:
+      self._step = nonfinite_step
+      self._recover_from_nonfinite(nonfinite_step)
+      return
     self._step += num_steps
     for action in self.train_actions:
       action(train_output)
@@ -174,6 +235,31 @@ class Controller(orbit.Controller):
                       self._step)
     self._window_steps = 0
     self._window_seconds = 0.0
+
+  def _recover_from_nonfinite(self, step: int) -> None:
+    """Stops, or rolls back to the newest checkpoint and skips the batch.
+
+    Raises:
+      errors.NonFiniteError: Under "stop", or when rollbacks are used up.
+    """
+    if self._on_nonfinite != "rollback" or (
+        self._rollbacks >= self._max_rollbacks):
+      reason = ("" if self._on_nonfinite != "rollback" else
+                f" after {self._rollbacks} rollback(s)")
+      raise errors.NonFiniteError(
+          f"the training loss is not finite at step {step}{reason}; the "
+          f"newest checkpoint (step {self._last_saved_step}) was saved "
+          "before it and holds finite values.", step)
+    self._rollbacks += 1
+    self.restore_checkpoint()
+    self.trainer.read_and_reset_metrics()  # They include the bad step.
+    self._window_steps, self._window_seconds = 0, 0.0
+    if self._resume_input_fn is not None:
+      self._resume_input_fn(self._step)
+    self._discard_at = step
+    _log(f"train | non-finite loss at step {step}: rolled back to step "
+         f"{self._step}, skipping that step's batch (rollback "
+         f"{self._rollbacks} of {self._max_rollbacks})")
 
   @property
   def step(self) -> int:

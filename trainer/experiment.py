@@ -19,6 +19,7 @@ from trainer import cluster
 from trainer import controller as controller_lib
 from trainer import errors
 from trainer import inputs as inputs_lib
+from trainer import preemption
 from trainer import runners
 from trainer import runtime as runtime_lib
 from trainer import scaling
@@ -26,6 +27,7 @@ from trainer import summaries
 from trainer import task as task_lib
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval")
+NONFINITE_POLICIES = ("stop", "rollback")
 
 
 @gin.configurable("trainer")
@@ -54,6 +56,12 @@ class TrainerConfig:
       how batch sizes and the learning rate follow a replica count other
       than `reference_replicas` (see `trainer.scaling`).
     reference_replicas: The replica count the batch sizes are written for.
+    on_nonfinite: What a non-finite training loss does: "stop" ends the run
+      with an error naming the step; "rollback" restores the newest
+      checkpoint and skips the batch of that step.
+    max_rollbacks: With "rollback", stop anyway after this many.
+    preemption_exit_code: Exit code after SIGTERM/SIGINT, once a checkpoint
+      at the step reached is saved; tells a launcher to restart the job.
   """
   train_steps: int = 1000
   steps_per_loop: int = 100
@@ -67,6 +75,9 @@ class TrainerConfig:
   continuous_eval_timeout: float = 3600.0
   batch_scaling: Optional[str] = None
   reference_replicas: int = 1
+  on_nonfinite: str = "stop"
+  max_rollbacks: int = 3
+  preemption_exit_code: int = 42
 
   def __post_init__(self):
     for field in dataclasses.fields(self):
@@ -91,10 +102,24 @@ class TrainerConfig:
     if self.validation_interval < 0:
       raise errors.ConfigError("`trainer.validation_interval` "
                        f"({self.validation_interval}) must be >= 0.")
-    if self.summary_interval % self.steps_per_loop:
+    for name in ("summary_interval", "checkpoint_interval",
+                 "validation_interval"):
+      # Summaries, saves and evaluations happen between loops only.
+      if getattr(self, name) % self.steps_per_loop:
+        raise errors.ConfigError(
+            f"`trainer.{name}` ({getattr(self, name)}) must be a multiple of "
+            f"`trainer.steps_per_loop` ({self.steps_per_loop}).")
+    if self.on_nonfinite not in NONFINITE_POLICIES:
       raise errors.ConfigError(
-          f"`trainer.summary_interval` ({self.summary_interval}) must be a "
-          f"multiple of `trainer.steps_per_loop` ({self.steps_per_loop}).")
+          f"`trainer.on_nonfinite` ({self.on_nonfinite!r}) must be one of: "
+          f"{', '.join(NONFINITE_POLICIES)}.")
+    if self.max_rollbacks < 0:
+      raise errors.ConfigError(
+          f"`trainer.max_rollbacks` ({self.max_rollbacks}) must be >= 0.")
+    if not 1 <= self.preemption_exit_code <= 255:
+      raise errors.ConfigError(
+          f"`trainer.preemption_exit_code` ({self.preemption_exit_code}) "
+          "must be in [1, 255]: 0 tells a scheduler the job finished.")
     if self.batch_scaling is not None and (
         self.batch_scaling not in scaling.RULES):
       raise errors.ConfigError(
@@ -160,6 +185,10 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   training = mode in ("train", "train_and_eval")
   evaluating = mode != "train"
   if runtime.distribution_strategy == "parameter_server":
+    if config.on_nonfinite == "rollback":
+      raise errors.ConfigError(
+          "`trainer.on_nonfinite='rollback'` is not supported with "
+          "'parameter_server': use 'stop' and restart.")
     runtime = _parameter_server_role(runtime, mode)
     if runtime is None:
       return {}  # This process served as a worker or ps until stopped.
@@ -212,6 +241,11 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
     if training:
       optimizer = runtime_lib.wrap_optimizer(task.create_optimizer(), runtime)
       scaling.scale_learning_rate(optimizer, learning_rate_factor)
+      if config.on_nonfinite == "rollback":
+        # A rollback may go back to a checkpoint saved before the first step;
+        # it must hold the optimizer slots too, or they would keep the
+        # non-finite values.
+        optimizer.build(model.trainable_variables)
 
   trainer = evaluator = None
   checkpoint_items = {"model": model, "global_step": global_step}
@@ -221,6 +255,7 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
         run_eagerly=runtime.run_eagerly, enable_xla=runtime.enable_xla,
         coordinator=coordinator)
     checkpoint_items["optimizer"] = optimizer
+    checkpoint_items["discarded_batches"] = trainer.discarded_batches
     input_in_checkpoint = (worker.num_workers == 1 and coordinator is None and
                            inputs_lib.is_checkpointable(train_input.dataset))
     if input_in_checkpoint:
@@ -235,21 +270,32 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
                                       global_step,
                                       run_eagerly=runtime.run_eagerly)
 
-  with _write_directory(model_dir, worker) as write_dir:
+  resume_input_fn = None
+  if training and not input_in_checkpoint and coordinator is None:
+    resume_input_fn = trainer.skip_input
+  finite_fn = None
+  if training:
+    finite_fn = lambda: _all_finite(model.variables + optimizer.variables())
+
+  with _write_directory(model_dir, worker) as write_dir, (
+      preemption.PreemptionWatcher() if training else
+      contextlib.nullcontext()) as watcher:
+    if training and worker.is_chief:
+      checkpoints.remove_interrupted_saves(write_dir)
     manager = checkpoints.create_manager(
         tf.train.Checkpoint(**checkpoint_items), write_dir, config.max_to_keep,
         global_step,
         init_fn=(lambda: task.initialize(model)) if training else None)
     train_writer = None
     if training:
-      train_writer = tf.summary.create_file_writer(
-          os.path.join(write_dir, "train"))
+      train_writer = summaries.LazyWriter(os.path.join(write_dir, "train"))
     controller = controller_lib.Controller(
         global_step=global_step,
         trainer=trainer,
         evaluator=evaluator,
         strategy=strategy,
-        train_actions=[_OperativeConfigWriter(write_dir, train_writer)]
+        train_actions=[_OperativeConfigWriter(write_dir, train_writer),
+                       _StatefulRandomCheck(trainer, runtime.deterministic)]
         if training else None,
         steps_per_loop=config.steps_per_loop if training else None,
         checkpoint_manager=manager,
@@ -262,25 +308,35 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
         train_summary_writer=train_writer,
         scalars_fn=(lambda: optimizer_scalars(optimizer)) if training else None,
         partial_restore=not training,
-        restore_dir=model_dir)
+        restore_dir=model_dir,
+        on_nonfinite=config.on_nonfinite,
+        max_rollbacks=config.max_rollbacks,
+        finite_fn=finite_fn,
+        resume_input_fn=resume_input_fn,
+        preemption=watcher,
+        preemption_exit_code=config.preemption_exit_code,
+        num_workers=worker.num_workers)
 
-    if training and not input_in_checkpoint and coordinator is None:
+    if resume_input_fn is not None and controller.step:
       # The chief's checkpoint cannot hold every worker's iterator (and some
       # pipelines cannot be saved at all): skip what was consumed instead.
-      _skip_consumed_input(trainer, controller.step)
+      skipped = resume_input_fn(controller.step)
+      print(f"input | resuming: skips the {skipped} batch(es) trained on "
+            "before", flush=True)
     if mode == "eval":
       return controller.evaluate(config.validation_steps)
     if mode == "continuous_eval":
       return _evaluate_continuously(controller, model_dir, config)
     output = {}
-    if mode == "train":
-      controller.train(config.train_steps)
-    else:
-      output = controller.train_and_evaluate(
-          config.train_steps, config.validation_steps,
-          eval_interval=config.validation_interval or None)
-      if output is None:  # Already trained to `train_steps`: evaluate anyway.
-        output = controller.evaluate(config.validation_steps)
+    with _empty_input_is_a_config_error():
+      if mode == "train":
+        controller.train(config.train_steps)
+      else:
+        output = controller.train_and_evaluate(
+            config.train_steps, config.validation_steps,
+            eval_interval=config.validation_interval or None)
+        if output is None:  # Already trained to `train_steps`: evaluate.
+          output = controller.evaluate(config.validation_steps)
     print(f"train | finished at step {controller.step} | weights fingerprint "
           f"{weights_fingerprint(model)}", flush=True)
     return output
@@ -331,13 +387,26 @@ def _train_input(task: task_lib.Task, strategy: tf.distribute.Strategy,
   return train_input
 
 
-def _skip_consumed_input(trainer: runners.TaskTrainer, step: int) -> None:
-  """Moves the training input past the `step` batches already trained on."""
-  if step == 0:
-    return
-  trainer.skip_input(step)
-  print(f"input | resuming: skips the {step} batch(es) trained on before",
-        flush=True)
+@contextlib.contextmanager
+def _empty_input_is_a_config_error():
+  """Turns the end of a repeated training input into a clear error.
+
+  The training input repeats forever, so it only ends when it holds no
+  complete batch at all.
+  """
+  try:
+    yield
+  except tf.errors.OutOfRangeError as e:
+    raise errors.ConfigError(
+        "the training dataset yields no batch: it is empty, or smaller than "
+        "one batch.") from e
+
+
+def _all_finite(variables) -> bool:
+  """Whether every value of every variable is finite (one device read)."""
+  checks = [tf.reduce_all(tf.math.is_finite(v)) for v in variables
+            if v.dtype.is_floating]
+  return bool(tf.reduce_all(checks).numpy()) if checks else True
 
 
 @contextlib.contextmanager
@@ -378,7 +447,7 @@ class _OperativeConfigWriter:
   """
 
   def __init__(self, model_dir: str,
-               writer: Optional[tf.summary.SummaryWriter]):
+               writer: Optional[summaries.Writer]):
     self._model_dir = model_dir
     self._writer = writer
     self._done = False
@@ -390,6 +459,31 @@ class _OperativeConfigWriter:
     path = summaries.write_operative_config(self._model_dir, self._writer,
                                             step=0)
     logging.info("wrote %s", path)
+
+
+class _StatefulRandomCheck:
+  """Train action: after the first loop, warns about stateful random ops.
+
+  Only with `runtime.deterministic`, where the user asked for exactness.
+  """
+
+  def __init__(self, trainer: runners.TaskTrainer, enabled: bool):
+    self._trainer = trainer
+    self._done = not enabled
+
+  def __call__(self, unused_output) -> None:
+    if self._done:
+      return
+    self._done = True
+    found = self._trainer.stateful_random_ops()
+    if found:
+      message = (
+          "runtime.deterministic: the train step uses stateful random ops "
+          f"({', '.join(found[:3])}{', ...' if len(found) > 3 else ''}); "
+          "their state is not checkpointed, so a resumed run will differ. "
+          "Use tf.random.stateless_* ops seeded from the step.")
+      logging.warning(message)
+      print(f"warning | {message}", flush=True)
 
 
 def _evaluate_continuously(controller: controller_lib.Controller,

@@ -96,6 +96,9 @@ class DistributedInput:
     if not isinstance(dataset, tf.data.Dataset):
       raise TypeError("`build_inputs` must return a `tf.data.Dataset`, got "
                       f"{type(dataset).__name__}.")
+    _check_not_empty(dataset, self.per_replica_batch_size *
+                     self._num_local_replicas if self._training else 1,
+                     self._training)
     if shard_examples is not None:
       dataset = shard_examples(dataset)
     if self._training:
@@ -146,6 +149,26 @@ class DistributedInput:
 
     return self._strategy.experimental_distribute_values_from_function(
         replica_slice)
+
+
+def _check_not_empty(dataset: tf.data.Dataset, min_examples: int,
+                     training: bool) -> None:
+  """Raises if the dataset is known to hold fewer than `min_examples`.
+
+  Only a cardinality tf.data knows without reading is checked (unknown for
+  filtered or generated data); a training input that turns out empty is
+  reported by the trainer at the first step instead.
+  """
+  count = int(dataset.cardinality())
+  if count < 0:  # INFINITE or UNKNOWN.
+    return
+  split = "training" if training else "evaluation"
+  if count == 0:
+    raise errors.ConfigError(f"the {split} dataset is empty.")
+  if count < min_examples:
+    raise errors.ConfigError(
+        f"the {split} dataset has {count} example(s), fewer than one batch "
+        f"({min_examples}); lower the batch size.")
 
 
 def is_checkpointable(dataset: tf.data.Dataset) -> bool:

@@ -4,6 +4,7 @@
 replicas and the global step; the Task owns the per-replica maths.
 """
 
+import math
 from typing import Dict, List, Optional
 
 import orbit
@@ -13,6 +14,13 @@ import tf_keras
 from trainer import errors
 from trainer import inputs as inputs_lib
 from trainer import task as task_lib
+
+
+# Random ops whose state no checkpoint holds.
+STATEFUL_RANDOM_OPS = frozenset([
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal",
+    "TruncatedNormal", "RandomShuffle", "Multinomial", "RandomGamma",
+    "RandomPoisson", "RandomPoissonV2", "RandomCrop"])
 
 
 def _metric_results(
@@ -67,6 +75,14 @@ class TaskTrainer(orbit.StandardTrainer):
     # strategy scope, except with parameter servers, where the steps run on
     # workers that only reach variables placed on the parameter servers.
     self._loop_loss = tf.Variable(0.0, trainable=False, name="loop_loss")
+    # The step whose loss was not finite in the last loop, or -1; the loop
+    # stops right after that step.
+    self.nonfinite_step = tf.Variable(-1, dtype=tf.int64, trainable=False,
+                                      name="nonfinite_step")
+    # Batches thrown away (after a non-finite loss); checkpointed, so the
+    # input can be skipped to `global_step + discarded_batches` on resume.
+    self.discarded_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                         name="discarded_batches")
     if coordinator is None:
       self._window_loss = tf_keras.metrics.Mean("loss")
     else:
@@ -102,22 +118,28 @@ class TaskTrainer(orbit.StandardTrainer):
       self.train_iterator = iter(train_input.dataset)
     super().__init__(self.train_iterator)
 
-  def skip_input(self, num_batches: int) -> None:
+  def skip_input(self, num_batches: int) -> int:
     """Restarts the input after its first `num_batches` batches.
 
     Resumes the input position when the iterator is not in the checkpoint:
     each worker reads one batch per step, so skipping `global_step` batches of
-    a deterministic pipeline puts it where the saved run was. The skipped
-    batches are read and discarded, so the cost grows with the step.
+    a deterministic pipeline (plus those discarded after a non-finite loss)
+    puts it where the saved run was. The skipped batches are read and
+    thrown away, so the cost grows with the step.
+
+    Returns:
+      The number of batches skipped.
     """
+    num_batches += int(self.discarded_batches.numpy())
     if num_batches <= 0:
-      return
+      return 0
     # A new dataset, not `self._input.dataset`: iterating a dataset again
     # advances the seed of `shuffle(reshuffle_each_iteration=True)`, which
     # would give another order than the saved run's (measured).
     with tf.device("/cpu:0"):
       self.train_iterator = iter(self._input.build().skip(num_batches))
     self.train_dataset = self.train_iterator
+    return num_batches
 
   def _task_train_step(self, inputs):
     return self.task.train_step(inputs, self.model, self.optimizer,
@@ -137,11 +159,44 @@ class TaskTrainer(orbit.StandardTrainer):
 
     def loop(iterator, num_steps):
       total = tf.constant(0.0)
+      done = tf.constant(0.0)
+      self.nonfinite_step.assign(-1)
       for _ in tf.range(num_steps):
-        total += self.train_step(iterator)
-      self._loop_loss.assign(total / tf.cast(num_steps, tf.float32))
+        loss = self.train_step(iterator)
+        # Checked every step, so the run stops at the step that went wrong.
+        if not tf.math.is_finite(loss):
+          self.nonfinite_step.assign(self.global_step)
+          break
+        total += loss
+        done += 1.0
+      self._loop_loss.assign(total / tf.maximum(done, 1.0))
 
-    return loop if self._run_eagerly else tf.function(loop)
+    self._compiled_loop = None if self._run_eagerly else tf.function(loop)
+    return self._compiled_loop or loop
+
+  def stateful_random_ops(self) -> List[str]:
+    """Returns `"OpType (node name)"` for each stateful random op traced.
+
+    Ops such as `RandomUniform` (`tf.random.uniform`, tf_keras `Dropout`)
+    keep their state outside any checkpoint, so a resumed run draws other
+    numbers than an uninterrupted one. Stateless ops seeded from the step
+    (`tf.random.stateless_*`) resume exactly. Empty before the first loop
+    and when running eagerly.
+    """
+    if getattr(self, "_compiled_loop", None) is None:
+      return []
+    concrete = self._compiled_loop.get_concrete_function(
+        self.train_iterator, tf.TensorSpec([], tf.int32))
+    graph = concrete.graph.as_graph_def()
+    nodes = list(graph.node) + [node for function in graph.library.function
+                                for node in function.node_def]
+    return sorted({f"{node.op} ({node.name})" for node in nodes
+                   if node.op in STATEFUL_RANDOM_OPS})
+
+  def discard_batch(self) -> None:
+    """Reads the next training batch and throws it away."""
+    next(self.train_iterator)
+    self.discarded_batches.assign_add(1)
 
   def _scheduled_loop(self):
     """Returns a loop that schedules each step on a free worker.
@@ -155,8 +210,12 @@ class TaskTrainer(orbit.StandardTrainer):
       losses = [self._coordinator.schedule(step, args=(iterator,))
                 for _ in range(int(num_steps))]
       self._coordinator.join()
-      self._loop_loss.assign(
-          sum(float(loss.fetch()) for loss in losses) / len(losses))
+      values = [float(loss.fetch()) for loss in losses]
+      self._loop_loss.assign(sum(values) / len(values))
+      # Steps ran asynchronously: the first scheduled non-finite one counts.
+      bad = [i for i, value in enumerate(values) if not math.isfinite(value)]
+      first = int(self.global_step.numpy()) - len(values) + 1
+      self.nonfinite_step.assign(first + bad[0] if bad else -1)
 
     return loop
 

@@ -58,6 +58,10 @@ class RuntimeConfig:
       0 or 1 leaves the CPU whole.
     seed: Seeds Python, NumPy and TensorFlow before the model is built, so
       runs start from the same weights; None leaves them unseeded.
+    deterministic: Make reruns and resumed runs bit-identical: turns on
+      `tf.config.experimental.enable_op_determinism()` and seeds everything
+      from `seed` (0 when unset); warns if the train step uses stateful
+      random ops, which a checkpoint cannot resume.
     gpu_thread_mode: `gpu_private`, `gpu_shared` or `global`: TensorFlow's
       GPU kernel-launch threads (TF_GPU_THREAD_MODE); needs `num_gpus`.
     per_gpu_thread_count: Threads per GPU with `gpu_thread_mode`; 0 is 2.
@@ -77,6 +81,7 @@ class RuntimeConfig:
   num_gpus: int = 0
   num_cpu_devices: int = 0
   seed: Optional[int] = None
+  deterministic: bool = False
   gpu_thread_mode: Optional[str] = None
   per_gpu_thread_count: int = 0
   dataset_num_private_threads: int = 0
@@ -100,7 +105,7 @@ class RuntimeConfig:
     if self.seed is not None and not _is_int(self.seed):
       raise errors.ConfigError(f"`runtime.seed` ({self.seed!r}) must be an "
                                "integer or None.")
-    for name in ("run_eagerly", "enable_xla"):
+    for name in ("run_eagerly", "enable_xla", "deterministic"):
       if not isinstance(getattr(self, name), bool):
         raise errors.ConfigError(
             f"`runtime.{name}` ({getattr(self, name)!r}) must be "
@@ -285,9 +290,17 @@ def create_strategy(config: RuntimeConfig) -> tf.distribute.Strategy:
 
 
 def seed_everything(config: RuntimeConfig) -> None:
-  """Seeds Python, NumPy and TensorFlow from `config.seed` if it is set."""
-  if config.seed is not None:
-    tf_keras.utils.set_random_seed(config.seed)
+  """Seeds Python, NumPy and TensorFlow from `config.seed` if it is set.
+
+  With `config.deterministic`, also makes TensorFlow's ops deterministic and
+  seeds with 0 when no seed is set.
+  """
+  seed = config.seed
+  if config.deterministic:
+    tf.config.experimental.enable_op_determinism()
+    seed = 0 if seed is None else seed
+  if seed is not None:
+    tf_keras.utils.set_random_seed(seed)
 
 
 def set_precision_policy(config: RuntimeConfig) -> None:

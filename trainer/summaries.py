@@ -2,7 +2,7 @@
 
 import os
 import tempfile
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Union
 
 import gin
 import numpy as np
@@ -11,7 +11,36 @@ import tensorflow as tf
 OPERATIVE_CONFIG_FILE = "operative_config.gin"
 
 
-def write_scalars(writer: tf.summary.SummaryWriter,
+class LazyWriter:
+  """A summary writer for `log_dir`, created when first written to.
+
+  `tf.summary.create_file_writer` creates an event file at once; a run
+  that stops before its first summary (a bad checkpoint, a bad setting)
+  must leave `model_dir` as it found it.
+  """
+
+  def __init__(self, log_dir: str):
+    self.log_dir = log_dir
+    self._writer = None
+
+  def as_default(self, step: Optional[int] = None):
+    return self._get().as_default(step=step)
+
+  def flush(self) -> None:
+    if self._writer is not None:
+      self._writer.flush()
+
+  def _get(self) -> tf.summary.SummaryWriter:
+    if self._writer is None:
+      self._writer = tf.summary.create_file_writer(self.log_dir)
+    return self._writer
+
+
+# What summaries are written through.
+Writer = Union[tf.summary.SummaryWriter, LazyWriter]
+
+
+def write_scalars(writer: Writer,
                   scalars: Mapping[str, object], step: int) -> None:
   """Writes each value of `scalars` as a scalar summary at `step`."""
   with writer.as_default(step=step):
@@ -32,7 +61,7 @@ def atomic_write_text(path: str, text: str) -> None:
 
 
 def write_operative_config(directory: str,
-                           writer: Optional[tf.summary.SummaryWriter],
+                           writer: Optional[Writer],
                            step: int) -> str:
   """Saves the gin parameters actually used, as a file and a text summary.
 

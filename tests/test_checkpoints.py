@@ -1,0 +1,106 @@
+"""Restoring with fallback past damaged checkpoints, and `_temp` cleanup,
+on real checkpoints written by training runs."""
+
+import os
+
+import pytest
+
+import trainer
+from trainer import checkpoints
+from trainer import experiment
+
+import helpers
+
+
+def _config(train_steps):
+  return trainer.TrainerConfig(train_steps=train_steps, steps_per_loop=10,
+                               summary_interval=10, checkpoint_interval=10,
+                               global_batch_size=32, max_to_keep=5)
+
+
+def _train(model_dir, train_steps):
+  experiment.run(helpers.LinearRegression(), "train", model_dir,
+                 trainer.RuntimeConfig(seed=0), _config(train_steps))
+
+
+def _truncate(prefix):
+  path = prefix + ".data-00000-of-00001"
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) // 2)
+
+
+def _delete_data(prefix):
+  os.remove(prefix + ".data-00000-of-00001")
+
+
+def _flip_bytes(prefix):
+  path = prefix + ".data-00000-of-00001"
+  with open(path, "r+b") as f:
+    data = bytearray(f.read())
+    for i in range(0, len(data), 7):
+      data[i] ^= 0xFF
+    f.seek(0)
+    f.write(data)
+
+
+@pytest.mark.parametrize("damage", [_truncate, _delete_data, _flip_bytes])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(
+    tmp_path, capfd, damage):
+  model_dir = str(tmp_path)
+  _train(model_dir, 20)
+  at_10 = helpers.checkpoint_numbers(os.path.join(model_dir, "ckpt-10"))
+  damage(os.path.join(model_dir, "ckpt-20"))
+
+  _train(model_dir, 30)
+  out = capfd.readouterr().out
+  assert f"checkpoint | cannot restore {model_dir}/ckpt-20" in out
+  assert (f"checkpoint | restored {model_dir}/ckpt-10 instead of the damaged "
+          "ckpt-20") in out
+  assert "restored checkpoint" in out and "at step 10" in out
+  # It resumed from step 10 (the weights there), retrained 20 and 30.
+  assert helpers.checkpoint_step(model_dir) == 30
+  assert at_10["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == 10
+  # The good checkpoint was not deleted.
+  assert os.path.exists(os.path.join(model_dir, "ckpt-10.index"))
+
+
+def test_resume_after_fallback_matches_an_undamaged_run(tmp_path):
+  straight = str(tmp_path / "straight")
+  _train(straight, 30)
+  damaged = str(tmp_path / "damaged")
+  _train(damaged, 20)
+  _flip_bytes(os.path.join(damaged, "ckpt-20"))
+  _train(damaged, 30)
+  assert helpers.max_weight_difference(
+      helpers.checkpoint_weights(damaged),
+      helpers.checkpoint_weights(straight)) == 0.0
+
+
+def test_no_restorable_checkpoint_is_one_error_and_deletes_nothing(tmp_path):
+  model_dir = str(tmp_path)
+  _train(model_dir, 20)
+  for prefix in ("ckpt-10", "ckpt-20"):
+    _delete_data(os.path.join(model_dir, prefix))
+  before = helpers.snapshot(model_dir)
+  with pytest.raises(trainer.ConfigError,
+                     match=r"^no checkpoint in \S+ can be restored \(tried "
+                     r"ckpt-20, ckpt-10\)\.$"):
+    _train(model_dir, 30)
+  assert helpers.snapshot(model_dir) == before
+
+
+def test_interrupted_save_folders_are_removed(tmp_path):
+  model_dir = str(tmp_path)
+  _train(model_dir, 10)
+  # What a save killed midway leaves: TensorFlow writes shards into
+  # `<prefix>_temp/` and renames them when the save completes.
+  leftover = tmp_path / "ckpt-20_temp"
+  leftover.mkdir()
+  (leftover / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"x")
+  assert checkpoints.remove_interrupted_saves(model_dir) == [str(leftover)]
+  assert not leftover.exists()
+  assert os.path.exists(os.path.join(model_dir, "ckpt-10.index"))
+  # A training run cleans up on start.
+  leftover.mkdir()
+  _train(model_dir, 20)
+  assert not leftover.exists()
