@@ -117,10 +117,12 @@ def read_tags(log_dir: str) -> set:
   return tags
 
 
-def run_cli(args: Sequence[str], cwd: str = REPO_ROOT, timeout: float = 300
+def run_cli(args: Sequence[str], cwd: str = REPO_ROOT, timeout: float = 300,
+            env: Optional[Dict[str, str]] = None
             ) -> subprocess.CompletedProcess:
-  """Runs `python train.py ARGS` and returns the finished process."""
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  """Runs `python train.py ARGS` (with `env` added) and returns the finished
+  process."""
+  env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
   return subprocess.run([sys.executable, TRAIN_PY, *args], cwd=cwd, env=env,
                         capture_output=True, text=True, timeout=timeout)
 

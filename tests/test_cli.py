@@ -1,5 +1,6 @@
 """The command line: gin files, bindings, overrides and one-line errors."""
 
+import shutil
 import textwrap
 
 import pytest
@@ -172,3 +173,173 @@ def test_runtime_files_stack_on_a_task_file(runtime_file, params, expected):
     assert getattr(runtime, name) == value
   if runtime_file.endswith("tpu_bf16.gin"):
     assert config.global_batch_size == 4096
+
+
+_BAD_DATA_TASK = '''
+import gin
+import numpy as np
+import tensorflow as tf
+import tf_keras
+import trainer
+
+@gin.configurable
+class BadData(trainer.Task):
+  """Linear regression whose data is fine, holds a NaN, or is empty."""
+
+  def __init__(self, data="ok"):
+    self.data = data
+
+  def build_model(self):
+    return tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(1)])
+
+  def build_inputs(self, training, input_context=None):
+    x = np.random.RandomState(0).normal(size=(64, 2)).astype(np.float32)
+    if self.data == "nan":
+      x[5, 1] = np.nan
+    if self.data == "empty":
+      x = x[:0]
+    return tf.data.Dataset.from_tensor_slices((x, x.sum(1, keepdims=True)))
+
+  def build_losses(self, labels, model_outputs, aux_losses=None):
+    return tf.reduce_mean(tf.square(labels - model_outputs), -1)
+'''
+
+_BAD_DATA_GIN = '''
+import bad_data
+experiment.task = @BadData()
+trainer.train_steps = 10
+trainer.steps_per_loop = 10
+trainer.summary_interval = 10
+trainer.checkpoint_interval = 10
+trainer.global_batch_size = 8
+trainer.eval_batch_size = 8
+'''
+
+
+@pytest.fixture(scope="module")
+def trained_dirs(tmp_path_factory):
+  """Model dirs holding a finished run: of digits, and of `BadData`."""
+  base = tmp_path_factory.mktemp("trained")
+  (base / "bad_data.py").write_text(_BAD_DATA_TASK)
+  (base / "bad_data.gin").write_text(_BAD_DATA_GIN)
+  digits = helpers.run_cli([f"--gin_file={DIGITS}", "--mode=train",
+                            "--gin_param=trainer.train_steps=100",
+                            f"--model_dir={base / 'digits'}"])
+  assert digits.returncode == 0, digits.stderr[-2000:]
+  data = helpers.run_cli([f"--gin_file={base / 'bad_data.gin'}",
+                          f"--model_dir={base / 'bad_data'}"], cwd=str(base))
+  assert data.returncode == 0, data.stderr[-2000:]
+  return base
+
+
+_HOSTS = 'runtime.worker_hosts="127.0.0.1:1,127.0.0.1:2"'
+_MW = 'runtime.distribution_strategy="multi_worker_mirrored"'
+
+# (name, run, extra args, extra environment, exit code, the error line).
+# `run` is the finished run whose model_dir the bad command is pointed at.
+BAD_INPUTS = [
+    ("gin syntax", "digits", ["--gin_param=trainer.train_steps = = 3"], {}, 2,
+     "--gin_param: gin syntax error: Unable to parse value"),
+    ("unknown configurable", "digits", ["--gin_param=trainr.train_steps=5"],
+     {}, 2, "No configurable matching 'trainr' (did you mean 'trainer'?)"),
+    ("misspelled parameter", "digits", ["--gin_param=trainer.train_step=5"],
+     {}, 2, "doesn't have a parameter named 'train_step' (did you mean "
+     "'train_steps'?)"),
+    ("wrong type", "digits", ['--gin_param=trainer.train_steps="abc"'], {}, 2,
+     "`trainer.train_steps` ('abc') must be an integer."),
+    ("unknown strategy", "digits",
+     ['--gin_param=runtime.distribution_strategy="mirored"'], {}, 2,
+     "`runtime.distribution_strategy` ('mirored') must be one of"),
+    ("unknown precision", "digits",
+     ['--gin_param=runtime.mixed_precision_dtype="float64"'], {}, 2,
+     "`runtime.mixed_precision_dtype` ('float64') must be one of"),
+    ("batch not divisible", "digits",
+     ["--gin_file=gin/runtime/cpu_mirrored.gin",
+      "--gin_param=trainer.global_batch_size=33"], {}, 2,
+     "`trainer.global_batch_size` (33) must be divisible by the number of "
+     "replicas (2)."),
+    ("interval vs steps_per_loop", "digits",
+     ["--gin_param=trainer.checkpoint_interval=150"], {}, 2,
+     "`trainer.checkpoint_interval` (150) must be a multiple of "
+     "`trainer.steps_per_loop` (100)."),
+    ("missing dataset", "digits",
+     ["--gin_file=gin/mnist.gin",
+      "--gin_param=MnistClassification.data_dir='/nonexistent/tfds'"], {}, 2,
+     "tfds dataset 'mnist' is not prepared in data_dir (/nonexistent/tfds)"),
+    ("another model's checkpoint", "digits",
+     ["--gin_param=DigitsClassification.hidden_units=64"], {}, 2,
+     "does not fit this model: variable dense/bias has shape (64,) in this "
+     "model but (128,) in the checkpoint."),
+    ("malformed TF_CONFIG", "digits", [f"--gin_param={_MW}"],
+     {"TF_CONFIG": "{not json"}, 2, "TF_CONFIG is not valid JSON"),
+    ("task_index out of range", "digits",
+     [f"--gin_param={_MW}", f"--gin_param={_HOSTS}",
+      "--gin_param=runtime.task_index=5"], {}, 2,
+     "`runtime.task_index` (5) must be in [0, 2)"),
+    ("unknown mode", "digits", ["--mode=trian"], {}, 2, "--mode"),
+    # Resumed at step 10 with the input position restored: the batch holding
+    # the NaN (the first of each 8-batch epoch) comes at step 17.
+    ("NaN in the data", "bad_data", ["--gin_param=BadData.data='nan'",
+                                     "--gin_param=trainer.train_steps=20"],
+     {}, 1, "the training loss is not finite at step 17"),
+    ("empty dataset", "bad_data", ["--gin_param=BadData.data='empty'",
+                                   "--gin_param=trainer.train_steps=20"],
+     {}, 2, "the training dataset is empty."),
+]
+
+
+@pytest.mark.parametrize("name,run,args,env,code,message", BAD_INPUTS,
+                         ids=[row[0] for row in BAD_INPUTS])
+def test_bad_input_is_one_line_and_leaves_model_dir_unchanged(
+    trained_dirs, tmp_path, name, run, args, env, code, message):
+  del name  # The test id.
+  model_dir = tmp_path / "run"
+  shutil.copytree(trained_dirs / run, model_dir)
+  before = helpers.snapshot(str(model_dir))
+  gin_file = (DIGITS if run == "digits" else
+              str(trained_dirs / "bad_data.gin"))
+  result = helpers.run_cli(
+      [f"--gin_file={gin_file}", *args, f"--model_dir={model_dir}"],
+      cwd=str(trained_dirs), env=env)
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == code, result.stderr[-2000:]
+  assert lines[-1].startswith("train.py: error: ")
+  assert message in lines[-1]
+  assert helpers.snapshot(str(model_dir)) == before
+
+
+def test_model_dir_that_is_a_file_is_one_line(tmp_path):
+  a_file = tmp_path / "file"
+  a_file.write_text("keep")
+  result = helpers.run_cli([f"--gin_file={DIGITS}", f"--model_dir={a_file}"])
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [
+      f"train.py: error: --model_dir ({a_file}) is a file, not a directory."]
+  assert a_file.read_text() == "keep"
+
+
+def test_dry_run_checks_everything_and_touches_nothing(trained_dirs,
+                                                        tmp_path):
+  model_dir = tmp_path / "run"
+  shutil.copytree(trained_dirs / "digits", model_dir)
+  before = helpers.snapshot(str(model_dir))
+  result = helpers.run_cli([f"--gin_file={DIGITS}", "--dry_run",
+                            f"--model_dir={model_dir}"])
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "dry run | resolved configuration:" in result.stdout
+  assert "trainer.train_steps = 1000" in result.stdout  # The real value.
+  assert "runtime.distribution_strategy = 'default'" in result.stdout
+  assert "dry run | ok: one train step and one eval step ran" in (
+      result.stdout)
+  assert helpers.snapshot(str(model_dir)) == before
+
+  # An error a real run would hit only after building: first error, exit 2.
+  result = helpers.run_cli([f"--gin_file={DIGITS}", "--dry_run",
+                            "--gin_file=gin/runtime/cpu_mirrored.gin",
+                            "--gin_param=trainer.global_batch_size=33",
+                            f"--model_dir={tmp_path / 'new'}"])
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines()[-1] == (
+      "train.py: error: `trainer.global_batch_size` (33) must be divisible "
+      "by the number of replicas (2).")
+  assert not (tmp_path / "new").exists()

@@ -50,6 +50,15 @@ def _finish(workers, timeout=TIMEOUT):
   return outputs
 
 
+def _wait_for_file(path, workers):
+  """Waits until `path` exists while every worker keeps running."""
+  deadline = time.time() + TIMEOUT
+  while not path.exists():
+    assert time.time() < deadline, f"{path.name} not written in time"
+    assert all(w.poll() is None for w in workers)
+    time.sleep(0.2)
+
+
 def _fingerprint(stdout):
   return re.search(r"weights fingerprint (\w+)", stdout).group(1)
 
@@ -90,11 +99,7 @@ def test_killed_worker_stops_the_other_and_both_resume(tmp_path):
                            "--gin_param=trainer.checkpoint_interval=100",
                            "--mode=train")
   try:
-    deadline = time.time() + TIMEOUT
-    while not (model_dir / "ckpt-100.index").exists():
-      assert time.time() < deadline, "no checkpoint written in time"
-      assert all(w.poll() is None for w in workers)
-      time.sleep(0.5)
+    _wait_for_file(model_dir / "ckpt-100.index", workers)
     workers[1].send_signal(signal.SIGKILL)
     killed_at = time.time()
     returncode, _, stderr = _finish(workers[:1], timeout=60)[0]
@@ -125,3 +130,25 @@ def test_killed_worker_stops_the_other_and_both_resume(tmp_path):
       "--gin_param=runtime.seed=0", "--mode=train"))
   assert straight[0][0] == 0, straight[0][2][-3000:]
   assert _fingerprint(straight[0][1]) == _fingerprint(outputs[0][1])
+
+
+def test_sigterm_to_one_worker_stops_both_at_the_same_step(tmp_path):
+  model_dir = tmp_path / "run"
+  workers = _start_workers(model_dir, "--gin_param=trainer.train_steps=100000",
+                           "--gin_param=trainer.steps_per_loop=10",
+                           "--gin_param=trainer.summary_interval=10",
+                           "--gin_param=trainer.checkpoint_interval=100000",
+                           "--mode=train")
+  try:
+    _wait_for_file(model_dir / "operative_config.gin", workers)
+    workers[1].send_signal(signal.SIGTERM)  # Only the non-chief.
+    outputs = _finish(workers, timeout=60)
+  finally:
+    _finish(workers, timeout=10)
+  steps = []
+  for returncode, _, stderr in outputs:
+    assert returncode == 42, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    steps.append(int(re.search(r"preempted at step (\d+):", last).group(1)))
+  assert steps[0] == steps[1]  # They agreed on the step.
+  assert helpers.checkpoint_step(str(model_dir)) == steps[0]

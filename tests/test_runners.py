@@ -90,3 +90,46 @@ def test_xla_on_several_replicas_refuses_a_custom_train_step(tmp_path):
                    trainer.RuntimeConfig(distribution_strategy="mirrored",
                                          num_cpu_devices=2, enable_xla=True),
                    _config())
+
+
+class _WithDropout(helpers.LinearRegression):
+  """tf_keras `Dropout`: a stateful random op no checkpoint holds."""
+
+  def build_model(self):
+    import tf_keras  # pylint: disable=g-import-not-at-top
+    return tf_keras.Sequential([tf_keras.Input((4,)),
+                                tf_keras.layers.Dense(8, "tanh"),
+                                tf_keras.layers.Dropout(0.5),
+                                tf_keras.layers.Dense(1)])
+
+
+class _StatelessDropout(helpers.LinearRegression):
+  """Dropout from `tf.random.stateless_uniform`, seeded by the step."""
+
+  def train_step(self, inputs, model, optimizer, metrics=None):
+    features, labels = inputs
+    seed = tf.stack([tf.cast(optimizer.iterations, tf.int32), 7])
+    keep = tf.random.stateless_uniform(tf.shape(features), seed) > 0.1
+    return super().train_step((tf.where(keep, features, 0.0), labels),
+                              model, optimizer, metrics)
+
+
+def test_deterministic_warns_about_stateful_random_ops(tmp_path, capsys):
+  runtime = trainer.RuntimeConfig(deterministic=True)
+  experiment.run(_WithDropout(), "train", str(tmp_path / "a"), runtime,
+                 _config())
+  out = capsys.readouterr().out
+  assert ("warning | runtime.deterministic: the train step uses stateful "
+          "random ops (RandomUniform (") in out
+  experiment.run(_StatelessDropout(), "train", str(tmp_path / "b"), runtime,
+                 _config())
+  assert "stateful random ops" not in capsys.readouterr().out
+
+
+def test_deterministic_seeds_with_zero_by_default(tmp_path):
+  for name in ("a", "b"):
+    experiment.run(helpers.LinearRegression(), "train", str(tmp_path / name),
+                   trainer.RuntimeConfig(deterministic=True), _config())
+  assert helpers.max_weight_difference(
+      helpers.checkpoint_weights(str(tmp_path / "a")),
+      helpers.checkpoint_weights(str(tmp_path / "b"))) == 0.0

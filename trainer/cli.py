@@ -10,6 +10,7 @@ bad flags) end the process with exit code 2 and one line on stderr, before
 
 import dataclasses
 import difflib
+import gc
 import inspect
 import os
 import re
@@ -165,6 +166,16 @@ def _check_model_dir(model_dir: Optional[str]) -> str:
   return model_dir
 
 
+def _quiet_teardown() -> None:
+  """Frees what the failed run left, without TensorFlow's warnings.
+
+  An interrupted restore warns, when collected, about every checkpoint
+  value it did not use; that would bury the one error line under dozens.
+  """
+  tf.get_logger().setLevel("ERROR")
+  gc.collect()
+
+
 def _fail(message: str, exit_code: int = USAGE_EXIT_CODE) -> None:
   print(f"train.py: error: {message}", file=sys.stderr, flush=True)
   sys.exit(exit_code)
@@ -189,20 +200,24 @@ def main(model_dir: str, task: task_lib.Task,
                FLAGS.mode, model_dir)
   if FLAGS.dry_run:
     return dry_run(task, runtime, config)
+  failure = None
   try:
     results = experiment.run(task, FLAGS.mode, model_dir, runtime, config)
   except errors.ConfigError as e:
-    _fail(str(e))
+    failure = (str(e), USAGE_EXIT_CODE)
   except errors.NonFiniteError as e:
-    _fail(str(e), RUNTIME_ERROR_EXIT_CODE)
+    failure = (str(e), RUNTIME_ERROR_EXIT_CODE)
   except errors.Preempted as e:
-    _fail(str(e), e.exit_code)
+    failure = (str(e), e.exit_code)
   except tf.errors.OpError as e:
     # A failed peer (UnavailableError), a lost device, a full disk: the
     # TensorFlow message's first line names it; checkpoints already written
     # stay, and a restart resumes from the newest.
     first_line = (e.message.strip().splitlines() or [""])[0]
-    _fail(f"{type(e).__name__}: {first_line}", RUNTIME_ERROR_EXIT_CODE)
+    failure = (f"{type(e).__name__}: {first_line}", RUNTIME_ERROR_EXIT_CODE)
+  if failure:
+    _quiet_teardown()
+    _fail(*failure)
   if results:
     summary = " | ".join(f"{name} {float(value):.4f}"
                          for name, value in sorted(results.items()))

@@ -159,6 +159,8 @@ def _check_not_empty(dataset: tf.data.Dataset, min_examples: int,
   filtered or generated data); a training input that turns out empty is
   reported by the trainer at the first step instead.
   """
+  if not tf.executing_eagerly():
+    return  # Built inside a worker's function; the chief checked it.
   count = int(dataset.cardinality())
   if count < 0:  # INFINITE or UNKNOWN.
     return

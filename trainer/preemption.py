@@ -64,9 +64,10 @@ class PreemptionWatcher:
     """
     if num_workers == 1:
       return self.received
-    flag = tf.constant(1 if self.received else 0, tf.int32)
-    any_flag = strategy.reduce(
-        tf.distribute.ReduceOp.MAX,
+    flag = tf.constant(1.0 if self.received else 0.0)
+    # ReduceOp has no MAX: a sum above zero means some worker got one.
+    count = strategy.reduce(
+        tf.distribute.ReduceOp.SUM,
         strategy.experimental_distribute_values_from_function(
             lambda unused_context: flag), axis=None)
-    return bool(any_flag.numpy())
+    return bool(count.numpy() > 0)
