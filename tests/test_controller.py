@@ -164,3 +164,31 @@ def test_rollbacks_are_limited(tmp_path):
   with pytest.raises(trainer.NonFiniteError,
                      match="not finite at step 37 after 0 rollback"):
     _nan_run(str(tmp_path), on_nonfinite="rollback", max_rollbacks=0)
+
+
+class _InfGradientAtStep(_NanAtStep):
+  """Finite data and loss everywhere; the gradient of step `bad_step` is
+  infinite (its batch is marked with features of 1000)."""
+
+  def build_inputs(self, training, input_context=None):
+    dataset = super().build_inputs(training, input_context)
+    return dataset.map(lambda x, y: (tf.where(tf.math.is_nan(x), 1000.0, x),
+                                     y))
+
+  def compute_gradients(self, inputs, model, optimizer):
+    loss, grads, outputs = super().compute_gradients(inputs, model, optimizer)
+    marked = tf.reduce_any(inputs[0] == 1000.0)
+    grads = [tf.where(marked, float("inf"), g) for g in grads]
+    return loss, grads, outputs
+
+
+def test_an_infinite_gradient_stops_at_its_own_step(tmp_path):
+  with pytest.raises(trainer.NonFiniteError,
+                     match=r"not finite at step 37;") as raised:
+    experiment.run(
+        _InfGradientAtStep(37), "train", str(tmp_path),
+        trainer.RuntimeConfig(seed=0),
+        trainer.TrainerConfig(train_steps=100, steps_per_loop=100,
+                              summary_interval=100, checkpoint_interval=100,
+                              global_batch_size=32))
+  assert raised.value.step == 37

@@ -96,6 +96,13 @@ class Task:
     """
     gradient_fn = gradient_fn or self.compute_gradients
     loss, grads, outputs = gradient_fn(inputs, model, optimizer)
+    if not isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
+      # A non-finite gradient makes the step's loss NaN, so the framework's
+      # guard stops at this step rather than one later. (Dynamic loss
+      # scaling expects such gradients and skips those steps itself.)
+      finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g))
+                              for g in grads if g is not None])
+      loss = tf.where(finite, loss, tf.constant(float("nan"), loss.dtype))
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     self.process_metrics(metrics or [], inputs[1], outputs)
     return {"loss": loss}
