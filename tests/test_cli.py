@@ -80,12 +80,24 @@ def test_overrides_and_stacked_files_apply_in_order(tmp_path):
   assert task.learning_rate == 3e-4
 
 
-def test_model_dir_checks(tmp_path):
+def test_model_dir_checks(tmp_path, monkeypatch):
   a_file = tmp_path / "file"
   a_file.write_text("x")
   with pytest.raises(errors.ConfigError, match="is a file, not a directory"):
     cli._check_model_dir(str(a_file))
+  with pytest.raises(errors.ConfigError) as raised:
+    cli._check_model_dir(str(a_file / "run"))
+  assert str(raised.value) == (f"--model_dir ({a_file}/run) cannot be "
+                               f"created: {a_file} is a file.")
   assert cli._check_model_dir(str(tmp_path / "new" / "dir"))
+  # Root may write anywhere, so permissions are simulated: `os.access` is
+  # what the check asks.
+  monkeypatch.setattr(cli.os, "access", lambda path, mode: False)
+  with pytest.raises(errors.ConfigError) as raised:
+    cli._check_model_dir(str(tmp_path / "new" / "dir"))
+  assert str(raised.value) == (
+      f"--model_dir ({tmp_path}/new/dir) is not writable: no write "
+      f"permission on {tmp_path}.")
 
 
 def test_cli_error_exits_2_with_one_line_and_creates_nothing(tmp_path):
@@ -258,10 +270,19 @@ BAD_INPUTS = [
       "--gin_param=trainer.global_batch_size=33"], {}, 2,
      "`trainer.global_batch_size` (33) must be divisible by the number of "
      "replicas (2)."),
-    ("interval vs steps_per_loop", "digits",
+    ("checkpoint_interval vs steps_per_loop", "digits",
      ["--gin_param=trainer.checkpoint_interval=150"], {}, 2,
      "`trainer.checkpoint_interval` (150) must be a multiple of "
      "`trainer.steps_per_loop` (100)."),
+    ("summary_interval vs steps_per_loop", "digits",
+     ["--gin_param=trainer.summary_interval=30"], {}, 2,
+     "`trainer.summary_interval` (30) must be a multiple of "
+     "`trainer.steps_per_loop` (100)."),
+    ("validation_interval vs steps_per_loop", "digits",
+     ["--gin_param=trainer.steps_per_loop=50",
+      "--gin_param=trainer.validation_interval=120"], {}, 2,
+     "`trainer.validation_interval` (120) must be a multiple of "
+     "`trainer.steps_per_loop` (50)."),
     ("missing dataset", "digits",
      ["--gin_file=gin/mnist.gin",
       "--gin_param=MnistClassification.data_dir='/nonexistent/tfds'"], {}, 2,
@@ -276,6 +297,15 @@ BAD_INPUTS = [
      [f"--gin_param={_MW}", f"--gin_param={_HOSTS}",
       "--gin_param=runtime.task_index=5"], {}, 2,
      "`runtime.task_index` (5) must be in [0, 2)"),
+    ("malformed worker_hosts", "digits",
+     [f"--gin_param={_MW}", "--gin_param=runtime.worker_hosts='a:1,b'",
+      "--gin_param=runtime.task_index=0"], {}, 2,
+     "`runtime.worker_hosts` entry 'b' is not `host:port`."),
+    ("TF_CONFIG task outside its cluster", "digits", [f"--gin_param={_MW}"],
+     {"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"]}, '
+                   '"task": {"type": "worker", "index": 3}}'}, 2,
+     "TF_CONFIG task {'type': 'worker', 'index': 3} does not name a member "
+     "of its cluster (worker)."),
     ("unknown mode", "digits", ["--mode=trian"], {}, 2, "--mode"),
     # Resumed at step 10 with the input position restored: the batch holding
     # the NaN (the first of each 8-batch epoch) comes at step 17.
@@ -315,6 +345,12 @@ def test_model_dir_that_is_a_file_is_one_line(tmp_path):
   assert result.returncode == 2
   assert result.stderr.strip().splitlines() == [
       f"train.py: error: --model_dir ({a_file}) is a file, not a directory."]
+  result = helpers.run_cli([f"--gin_file={DIGITS}",
+                            f"--model_dir={a_file}/run"])
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [
+      f"train.py: error: --model_dir ({a_file}/run) cannot be created: "
+      f"{a_file} is a file."]
   assert a_file.read_text() == "keep"
 
 
@@ -329,8 +365,18 @@ def test_dry_run_checks_everything_and_touches_nothing(trained_dirs,
   assert "dry run | resolved configuration:" in result.stdout
   assert "trainer.train_steps = 1000" in result.stdout  # The real value.
   assert "runtime.distribution_strategy = 'default'" in result.stdout
-  assert "dry run | ok: one train step and one eval step ran" in (
-      result.stdout)
+  assert (f"dry run | ok: one train step (from the checkpoint at step 100 in "
+          f"{model_dir}) and one eval step ran") in result.stdout
+  assert helpers.snapshot(str(model_dir)) == before
+
+  # The configured model must fit the checkpoint it would resume from.
+  result = helpers.run_cli([f"--gin_file={DIGITS}", "--dry_run",
+                            "--gin_param=DigitsClassification.hidden_units=64",
+                            f"--model_dir={model_dir}"])
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines()[-1].endswith(
+      "does not fit this model: variable dense/bias has shape (64,) in this "
+      "model but (128,) in the checkpoint.")
   assert helpers.snapshot(str(model_dir)) == before
 
   # An error a real run would hit only after building: first error, exit 2.

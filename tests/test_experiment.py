@@ -86,6 +86,35 @@ def test_resume_skips_the_consumed_input_when_it_cannot_be_saved(
       helpers.checkpoint_weights(straight)) == 0.0
 
 
+class _NoisyInputs(helpers.LinearRegression):
+  """Adds noise from a `tf.random.Generator` kept on the model, so its state
+  is part of the checkpoint."""
+
+  def build_model(self):
+    model = super().build_model()
+    model.noise = tf.random.Generator.from_seed(5)
+    return model
+
+  def train_step(self, inputs, model, optimizer, metrics=None):
+    features, labels = inputs
+    features += 0.1 * model.noise.normal(tf.shape(features))
+    return super().train_step((features, labels), model, optimizer, metrics)
+
+
+def test_random_generator_state_resumes_exactly(tmp_path):
+  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+  experiment.run(_NoisyInputs(), "train", straight, _runtime(),
+                 _config(train_steps=40))
+  experiment.run(_NoisyInputs(), "train", resumed, _runtime(),
+                 _config(train_steps=20))
+  experiment.run(_NoisyInputs(), "train", resumed, _runtime(),
+                 _config(train_steps=40))
+  ours = helpers.checkpoint_weights(resumed)
+  assert "model/noise/_state_var/.ATTRIBUTES/VARIABLE_VALUE" in ours
+  assert helpers.max_weight_difference(
+      ours, helpers.checkpoint_weights(straight)) == 0.0
+
+
 def test_finished_run_does_not_train_again(tmp_path):
   model_dir = str(tmp_path)
   task = helpers.LinearRegression()

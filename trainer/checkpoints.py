@@ -50,6 +50,20 @@ def candidates(directory: str) -> List[str]:
   return sorted(paths, key=_number, reverse=True)
 
 
+def newest_step(directory: str) -> int:
+  """Returns the step of the newest readable checkpoint in `directory`, or 0.
+
+  Reads only the step counter, without building or restoring anything.
+  """
+  for path in candidates(directory):
+    try:
+      reader = tf.train.load_checkpoint(path)
+      return int(reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE"))
+    except Exception:  # pylint: disable=broad-except
+      continue  # Damaged or foreign: `restore` reports it.
+  return 0
+
+
 def _number(path: str) -> int:
   match = re.search(r"-(\d+)$", path)
   return int(match.group(1)) if match else -1

@@ -8,6 +8,7 @@ bad flags) end the process with exit code 2 and one line on stderr, before
 `model_dir` is created or changed.
 """
 
+import contextlib
 import dataclasses
 import difflib
 import gc
@@ -24,6 +25,7 @@ from absl import logging
 import gin
 import tensorflow as tf
 
+from trainer import checkpoints
 from trainer import errors
 from trainer import experiment
 from trainer import runtime as runtime_lib
@@ -158,11 +160,15 @@ def _check_model_dir(model_dir: Optional[str]) -> str:
   if os.path.exists(model_dir) and not os.path.isdir(model_dir):
     raise errors.ConfigError(
         f"--model_dir ({model_dir}) is a file, not a directory.")
-  existing = model_dir
+  existing = os.path.abspath(model_dir)
   while not os.path.exists(existing):
-    existing = os.path.dirname(os.path.abspath(existing))
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise errors.ConfigError(
+        f"--model_dir ({model_dir}) cannot be created: {existing} is a file.")
   if not os.access(existing, os.W_OK | os.X_OK):
-    raise errors.ConfigError(f"--model_dir ({model_dir}) is not writable.")
+    raise errors.ConfigError(f"--model_dir ({model_dir}) is not writable: "
+                             f"no write permission on {existing}.")
   return model_dir
 
 
@@ -189,20 +195,12 @@ def parse_flags(argv: List[str]) -> List[str]:
     _fail(str(e).splitlines()[0])
 
 
-def main(model_dir: str, task: task_lib.Task,
-         runtime: runtime_lib.RuntimeConfig,
-         config: experiment.TrainerConfig) -> int:
-  """Runs the validated experiment in `FLAGS.mode`; returns the exit code."""
-  if not FLAGS["verbosity"].present:
-    # Progress and eval lines are printed; INFO logs would repeat them.
-    logging.set_verbosity(logging.WARNING)
-  logging.info("task %s, mode %s, model_dir %s", type(task).__name__,
-               FLAGS.mode, model_dir)
-  if FLAGS.dry_run:
-    return dry_run(task, runtime, config)
+@contextlib.contextmanager
+def _one_line_failures():
+  """Turns the errors a run reports into one stderr line and an exit code."""
   failure = None
   try:
-    results = experiment.run(task, FLAGS.mode, model_dir, runtime, config)
+    yield
   except errors.ConfigError as e:
     failure = (str(e), USAGE_EXIT_CODE)
   except errors.NonFiniteError as e:
@@ -218,6 +216,21 @@ def main(model_dir: str, task: task_lib.Task,
   if failure:
     _quiet_teardown()
     _fail(*failure)
+
+
+def main(model_dir: str, task: task_lib.Task,
+         runtime: runtime_lib.RuntimeConfig,
+         config: experiment.TrainerConfig) -> int:
+  """Runs the validated experiment in `FLAGS.mode`; returns the exit code."""
+  if not FLAGS["verbosity"].present:
+    # Progress and eval lines are printed; INFO logs would repeat them.
+    logging.set_verbosity(logging.WARNING)
+  logging.info("task %s, mode %s, model_dir %s", type(task).__name__,
+               FLAGS.mode, model_dir)
+  if FLAGS.dry_run:
+    return dry_run(task, runtime, config, model_dir)
+  with _one_line_failures():
+    results = experiment.run(task, FLAGS.mode, model_dir, runtime, config)
   if results:
     summary = " | ".join(f"{name} {float(value):.4f}"
                          for name, value in sorted(results.items()))
@@ -226,31 +239,32 @@ def main(model_dir: str, task: task_lib.Task,
 
 
 def dry_run(task: task_lib.Task, runtime: runtime_lib.RuntimeConfig,
-            config: experiment.TrainerConfig) -> int:
+            config: experiment.TrainerConfig, model_dir: str) -> int:
   """Runs one train and one eval step in a temporary directory.
 
   Everything a real run builds is built (strategy, model, optimizer, both
   datasets, the compiled steps), so a problem shows in seconds rather than
-  at the first evaluation hours later. Returns the exit code.
+  at the first evaluation hours later. If `model_dir` holds a checkpoint,
+  the step starts from it (read, never written), so a checkpoint that does
+  not fit the configured model is reported too. Returns the exit code.
   """
+  restore_dir = model_dir if os.path.isdir(model_dir) else None
+  start = checkpoints.newest_step(restore_dir) if restore_dir else 0
   trial = dataclasses.replace(
-      config, train_steps=1, steps_per_loop=1, summary_interval=1,
+      config, train_steps=start + 1, steps_per_loop=1, summary_interval=1,
       checkpoint_interval=1, validation_interval=0, validation_steps=1)
   with tempfile.TemporaryDirectory(prefix="dry_run-") as directory:
-    try:
+    with _one_line_failures():
       results = experiment.run(task, "train_and_eval", directory, runtime,
-                               trial)
-    except errors.ConfigError as e:
-      _fail(str(e))
-    except (errors.NonFiniteError, tf.errors.OpError) as e:
-      first_line = (str(e).strip().splitlines() or [""])[0]
-      _fail(f"{type(e).__name__}: {first_line}", RUNTIME_ERROR_EXIT_CODE)
+                               trial, restore_dir=restore_dir)
   print("dry run | resolved configuration:", flush=True)
   print(gin.operative_config_str().rstrip(), flush=True)
   summary = " | ".join(f"{name} {float(value):.4f}"
                        for name, value in sorted(results.items()))
-  print(f"dry run | ok: one train step and one eval step ran | {summary}",
-        flush=True)
+  origin = (f"from the checkpoint at step {start} in {model_dir}" if start
+            else "from scratch")
+  print(f"dry run | ok: one train step ({origin}) and one eval step ran | "
+        f"{summary}", flush=True)
   return 0
 
 

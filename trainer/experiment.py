@@ -160,7 +160,8 @@ def optimizer_scalars(
 
 def run(task: task_lib.Task, mode: str, model_dir: str,
         runtime: Optional[runtime_lib.RuntimeConfig] = None,
-        config: Optional[TrainerConfig] = None) -> Dict[str, Any]:
+        config: Optional[TrainerConfig] = None,
+        restore_dir: Optional[str] = None) -> Dict[str, Any]:
   """Trains and/or evaluates `task` in `model_dir`.
 
   Args:
@@ -170,6 +171,9 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
       `operative_config.gin` go here.
     runtime: Devices, strategy and precision; defaults if None.
     config: Loop settings; defaults if None.
+    restore_dir: Where to look for the checkpoint to start from, if not in
+      `model_dir` (`--dry_run` starts from the real run's checkpoint but
+      writes elsewhere); it is only read.
 
   Returns:
     The last evaluation's results (name -> NumPy value), or {} if none ran.
@@ -192,9 +196,10 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
     runtime = _parameter_server_role(runtime, mode)
     if runtime is None:
       return {}  # This process served as a worker or ps until stopped.
-  if mode == "eval" and tf.train.latest_checkpoint(model_dir) is None:
+  restore_dir = restore_dir or model_dir
+  if mode == "eval" and tf.train.latest_checkpoint(restore_dir) is None:
     raise errors.ConfigError(
-        f"no checkpoint to evaluate in `model_dir` ({model_dir}).")
+        f"no checkpoint to evaluate in `model_dir` ({restore_dir}).")
 
   strategy = runtime_lib.create_strategy(runtime)
   runtime_lib.set_precision_policy(runtime)
@@ -308,7 +313,7 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
         train_summary_writer=train_writer,
         scalars_fn=(lambda: optimizer_scalars(optimizer)) if training else None,
         partial_restore=not training,
-        restore_dir=model_dir,
+        restore_dir=restore_dir,
         on_nonfinite=config.on_nonfinite,
         max_rollbacks=config.max_rollbacks,
         finite_fn=finite_fn,
