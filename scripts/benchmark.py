@@ -62,6 +62,7 @@ import tf_keras
 from trainer import controller as controller_lib
 from trainer import experiment
 from trainer import inputs as inputs_lib
+from trainer import optimization
 from trainer import runners
 from trainer import runtime as runtime_lib
 
@@ -134,7 +135,8 @@ class RandomMlpTask(trainer.Task):
     del aux_losses
     return per_example_loss(labels, model_outputs)
 
-  def create_optimizer(self) -> tf_keras.optimizers.Optimizer:
+  def create_optimizer(self, settings) -> tf_keras.optimizers.Optimizer:
+    del settings  # The same optimizer as the other contenders.
     return tf_keras.optimizers.SGD(LEARNING_RATE)
 
 
@@ -173,7 +175,10 @@ def build_ours(strategy: tf.distribute.Strategy,
   with strategy.scope():
     model = task.build_model()
     global_step = orbit.utils.create_global_step()
-    optimizer = runtime_lib.wrap_optimizer(task.create_optimizer(), runtime)
+    optimizer = runtime_lib.wrap_optimizer(
+        task.create_optimizer(optimization.Settings(
+            optimization.OptimizerConfig(), optimization.ScheduleConfig(),
+            train_steps)), runtime)
   task_trainer = runners.TaskTrainer(task, model, optimizer, strategy,
                                      train_input, global_step)
   controller = controller_lib.Controller(
@@ -185,7 +190,7 @@ def build_ours(strategy: tf.distribute.Strategy,
       train_steps=train_steps,
       global_batch_size=GLOBAL_BATCH_SIZE,
       train_summary_writer=tf.summary.create_file_writer(summary_dir),
-      scalars_fn=lambda: experiment.optimizer_scalars(optimizer))
+      scalars_fn=lambda: experiment.loss_scale_scalars(optimizer))
 
   def run(num_steps: int) -> int:
     controller.train(controller.step + num_steps)

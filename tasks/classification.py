@@ -1,7 +1,8 @@
 """`ClassificationTask`: what every shipped classifier shares.
 
-Sparse categorical crossentropy on logits, an `accuracy` metric and Adam.
-Subclasses add the model and the data.
+Sparse categorical crossentropy on logits and an `accuracy` metric; the
+optimizer comes from gin (`optimizer.*`, `learning_rate.*`). Subclasses add
+the model and the data.
 """
 
 import tf_keras
@@ -10,13 +11,7 @@ import trainer
 
 
 class ClassificationTask(trainer.Task):
-  """Classifies `(features, integer label)` examples from logits.
-
-  Attributes:
-    learning_rate: Adam's learning rate; subclasses set it.
-  """
-
-  learning_rate: float = 1e-3
+  """Classifies `(features, integer label)` examples from logits."""
 
   def build_losses(self, labels, model_outputs, aux_losses=None):
     del aux_losses
@@ -26,6 +21,3 @@ class ClassificationTask(trainer.Task):
   def build_metrics(self, training=True):
     del training
     return [tf_keras.metrics.SparseCategoricalAccuracy("accuracy")]
-
-  def create_optimizer(self):
-    return tf_keras.optimizers.Adam(self.learning_rate)

@@ -31,32 +31,33 @@ class DigitsClassification(classification.ClassificationTask):
   """A small CNN classifying the 8x8 digits; reaches ~0.98 accuracy."""
 
   def __init__(self, filters: int = 32, hidden_units: int = 128,
-               learning_rate: float = 1e-3, shuffle_seed: int = 0):
+               shuffle_seed: int = 0):
     """Configures the task.
 
     Args:
       filters: Filters of the first convolution (the second has twice as
         many).
       hidden_units: Width of the dense layer.
-      learning_rate: Adam's learning rate.
       shuffle_seed: Seeds the training order, which is the same on every run
         and every replica count.
     """
     self.filters = filters
     self.hidden_units = hidden_units
-    self.learning_rate = learning_rate
     self.shuffle_seed = shuffle_seed
 
   def build_model(self) -> tf_keras.Model:
+    # Named layers: `warm_start.modules` can pick them.
     return tf_keras.Sequential([
         tf_keras.Input((8, 8, 1)),
         tf_keras.layers.Conv2D(self.filters, 3, padding="same",
-                               activation="relu"),
-        tf_keras.layers.Conv2D(2 * self.filters, 3, activation="relu"),
-        tf_keras.layers.MaxPooling2D(),
-        tf_keras.layers.Flatten(),
-        tf_keras.layers.Dense(self.hidden_units, activation="relu"),
-        tf_keras.layers.Dense(NUM_CLASSES),
+                               activation="relu", name="conv1"),
+        tf_keras.layers.Conv2D(2 * self.filters, 3, activation="relu",
+                               name="conv2"),
+        tf_keras.layers.MaxPooling2D(name="pool"),
+        tf_keras.layers.Flatten(name="flatten"),
+        tf_keras.layers.Dense(self.hidden_units, activation="relu",
+                              name="hidden"),
+        tf_keras.layers.Dense(NUM_CLASSES, name="logits"),
     ], name="digits_cnn")
 
   def build_inputs(self, training, input_context=None) -> tf.data.Dataset:

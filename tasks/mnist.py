@@ -18,19 +18,16 @@ class MnistClassification(classification.ClassificationTask):
   """The tutorial CNN on MNIST; the data comes from tensorflow-datasets."""
 
   def __init__(self, data_dir: Optional[str] = None,
-               learning_rate: float = 1e-3, shuffle_buffer: int = 10000,
-               shuffle_seed: int = 0):
+               shuffle_buffer: int = 10000, shuffle_seed: int = 0):
     """Configures the task.
 
     Args:
       data_dir: Where tfds keeps `mnist` (prepared beforehand; nothing is
         downloaded at training time). None is tfds's default.
-      learning_rate: Adam's learning rate.
       shuffle_buffer: Examples in the training shuffle buffer.
       shuffle_seed: Seeds the training order.
     """
     self.data_dir = data_dir
-    self.learning_rate = learning_rate
     self.shuffle_buffer = shuffle_buffer
     self.shuffle_seed = shuffle_seed
 

@@ -50,8 +50,16 @@ class LinearRegression(trainer.Task):
   def build_metrics(self, training=True):
     return [tf_keras.metrics.MeanAbsoluteError("mae")]
 
-  def create_optimizer(self):
+  def create_optimizer(self, settings):
+    del settings  # A task's own optimizer, instead of gin's `optimizer.*`.
     return tf_keras.optimizers.SGD(self.learning_rate)
+
+
+class ConfiguredRegression(LinearRegression):
+  """`LinearRegression` with the optimizer gin configures (Model Garden's
+  legacy optimizers through `optimizer.*` and `learning_rate.*`)."""
+
+  create_optimizer = trainer.Task.create_optimizer
 
 
 class PerReplicaMeanLinearRegression(LinearRegression):

@@ -1,5 +1,7 @@
 """The command line: gin files, bindings, overrides and one-line errors."""
 
+import json
+import os
 import shutil
 import textwrap
 
@@ -20,7 +22,7 @@ DIGITS = "gin/digits.gin"
     ([DIGITS], ["trainer.train_step=5"],
      "--gin_param: Configurable 'trainer' doesn't have a parameter named "
      "'train_step' (did you mean 'train_steps'?)"),
-    ([DIGITS], ["DigitsClasification.learning_rate=0.1"],
+    ([DIGITS], ["DigitsClasification.filters=8"],
      "--gin_param: No configurable matching 'DigitsClasification' "
      "(did you mean 'DigitsClassification'?)"),
     ([DIGITS], ["trainer.train_steps="],
@@ -72,12 +74,13 @@ def test_overrides_and_stacked_files_apply_in_order(tmp_path):
   task, runtime, config = cli.load_config(
       [DIGITS, "gin/runtime/cpu_mirrored.gin"],
       ["trainer.train_steps=2000", 'runtime.num_cpu_devices=2',
-       "DigitsClassification.learning_rate=3e-4"])
+       "optimizer.learning_rate=3e-4", "DigitsClassification.filters=8"])
   assert config.train_steps == 2000
   assert config.steps_per_loop == 100  # From digits.gin.
   assert runtime.distribution_strategy == "mirrored"
   assert runtime.num_cpu_devices == 2
-  assert task.learning_rate == 3e-4
+  assert task.filters == 8
+  assert config.optimizer.learning_rate == 3e-4
 
 
 def test_model_dir_checks(tmp_path, monkeypatch):
@@ -289,7 +292,7 @@ BAD_INPUTS = [
      "tfds dataset 'mnist' is not prepared in data_dir (/nonexistent/tfds)"),
     ("another model's checkpoint", "digits",
      ["--gin_param=DigitsClassification.hidden_units=64"], {}, 2,
-     "does not fit this model: variable dense/bias has shape (64,) in this "
+     "does not fit this model: variable hidden/bias has shape (64,) in this "
      "model but (128,) in the checkpoint."),
     ("malformed TF_CONFIG", "digits", [f"--gin_param={_MW}"],
      {"TF_CONFIG": "{not json"}, 2, "TF_CONFIG is not valid JSON"),
@@ -375,7 +378,7 @@ def test_dry_run_checks_everything_and_touches_nothing(trained_dirs,
                             f"--model_dir={model_dir}"])
   assert result.returncode == 2
   assert result.stderr.strip().splitlines()[-1].endswith(
-      "does not fit this model: variable dense/bias has shape (64,) in this "
+      "does not fit this model: variable hidden/bias has shape (64,) in this "
       "model but (128,) in the checkpoint.")
   assert helpers.snapshot(str(model_dir)) == before
 
@@ -389,3 +392,76 @@ def test_dry_run_checks_everything_and_touches_nothing(trained_dirs,
       "train.py: error: `trainer.global_batch_size` (33) must be divisible "
       "by the number of replicas (2).")
   assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("feature_file,params,expected", [
+    ("sgd_cosine_warmup.gin", [],
+     dict(optimizer=("sgd", 0.4, 0.9), schedule=("cosine", 100))),
+    ("adamw.gin", [], dict(optimizer=("adamw", 0.002, None),
+                           schedule=("linear", 100))),
+    ("stepwise.gin", [], dict(optimizer=("sgd", 0.1, 0.9),
+                              schedule=("stepwise", 0))),
+    ("ema.gin", [], dict(ema=0.99)),
+    ("gradient_accumulation.gin", [], dict(accumulation=4, clip=1.0)),
+    ("best_checkpoint.gin", [], dict(best="accuracy", export=(True, True))),
+    ("early_stopping.gin", [], dict(early=("accuracy", 3))),
+    ("warm_start.gin", ['INIT_CHECKPOINT="runs/pretrained"'],
+     dict(warm_start=("runs/pretrained", ("conv1", "conv2")))),
+    ("continuous_eval.gin", [], dict(keep=True)),
+    ("profile.gin", [], dict(profile=(200, 220))),
+])
+def test_feature_files_stack_on_a_task_file(feature_file, params, expected):
+  _, _, config = cli.load_config([DIGITS, f"gin/features/{feature_file}"],
+                                 params)
+  checks = {
+      "optimizer": lambda: (config.optimizer.name,
+                            config.optimizer.learning_rate,
+                            config.optimizer.momentum),
+      "schedule": lambda: (config.learning_rate.schedule,
+                           config.learning_rate.warmup_steps),
+      "ema": lambda: config.ema.decay,
+      "accumulation": lambda: config.gradient_accumulation_steps,
+      "clip": lambda: config.gradient_clip_norm,
+      "best": lambda: config.best_checkpoint.metric,
+      "export": lambda: (config.export.at_end, config.export.best),
+      "early": lambda: (config.early_stopping.metric,
+                        config.early_stopping.patience),
+      "warm_start": lambda: (config.warm_start.checkpoint,
+                             config.warm_start.modules),
+      "keep": lambda: config.keep_until_evaluated,
+      "profile": lambda: config.profile_steps,
+  }
+  for name, value in expected.items():
+    assert checks[name]() == value, name
+
+
+def test_warm_start_file_requires_its_checkpoint():
+  with pytest.raises(errors.ConfigError, match="INIT_CHECKPOINT"):
+    cli.load_config([DIGITS, "gin/features/warm_start.gin"], [])
+
+
+def test_features_together_through_the_command_line(tmp_path):
+  result = helpers.run_cli([
+      f"--gin_file={DIGITS}", "--gin_file=gin/features/sgd_cosine_warmup.gin",
+      "--gin_file=gin/features/ema.gin",
+      "--gin_file=gin/features/gradient_accumulation.gin",
+      "--gin_file=gin/features/best_checkpoint.gin",
+      "--gin_file=gin/features/early_stopping.gin",
+      "--gin_param=trainer.train_steps=600",
+      "--gin_param=trainer.validation_interval=200",
+      f"--model_dir={tmp_path}"])
+  assert result.returncode == 0, result.stderr[-2000:]
+  final = dict(item.split() for item in result.stdout.strip().splitlines()[
+      -1].removeprefix("final eval | ").split(" | "))
+  assert float(final["accuracy"]) >= 0.95
+  with open(tmp_path / "best" / "best.json") as f:
+    best = json.load(f)
+  assert best["metric"] == "accuracy" and best["value"] >= 0.95
+  assert os.path.isdir(tmp_path / "best" / "export" / str(best["step"]))
+  assert os.listdir(tmp_path / "export") == ["600"]
+  train = helpers.read_scalars(str(tmp_path / "train"))
+  # Warm-up then cosine decay: the peak (0.4 x 64 / 256) at step 100.
+  rates = dict(train["learning_rate"])
+  assert rates[100] == pytest.approx(0.1)
+  assert rates[600] == pytest.approx(0.0, abs=1e-7)
+  assert all(norm > 0 for _, norm in train["gradient_norm"])

@@ -54,7 +54,7 @@ def test_initialize_runs_only_when_starting_from_scratch(tmp_path):
 
   class Counting(helpers.LinearRegression):
 
-    def initialize(self, model):
+    def initialize(self, model, warm_start=None):
       calls.append(model.name)
 
   config = trainer.TrainerConfig(train_steps=10, steps_per_loop=5,

@@ -47,7 +47,18 @@ def test_digits_reaches_the_accuracy_bar(tmp_path):
     ["--gin_file=gin/runtime/cpu_mirrored.gin"],
 ])
 def test_digits_is_replica_invariant(tmp_path, runtime):
-  common = [DIGITS, "--gin_param=trainer.train_steps=300",
+  # Over the first 10 steps only. This CNN's ReLUs make training
+  # discontinuous: once a pre-activation within rounding of zero flips sign
+  # on one run and not the other, the weights jump apart (measured here,
+  # one_device vs mirrored with SGD: 1.5e-8 after 15 steps, 1.2e-4 after
+  # 20; a 1e-6 relative change of the learning rate on one device gives
+  # 5e-3 to 5e-2 after 300 steps, with Adam or SGD). Invariance over long
+  # runs is shown on a smooth problem in tests/test_task.py.
+  common = [DIGITS, "--gin_param=trainer.train_steps=10",
+            "--gin_param=trainer.steps_per_loop=5",
+            "--gin_param=trainer.summary_interval=5",
+            '--gin_param=optimizer.name="sgd"',
+            "--gin_param=optimizer.learning_rate=0.05",
             "--gin_param=runtime.seed=0", "--mode=train"]
   one = helpers.run_cli(common + [
       '--gin_param=runtime.distribution_strategy="one_device"',
@@ -57,11 +68,12 @@ def test_digits_is_replica_invariant(tmp_path, runtime):
   assert two.returncode == 0, two.stderr[-2000:]
   one_weights = helpers.checkpoint_weights(str(tmp_path / "one"))
   two_weights = helpers.checkpoint_weights(str(tmp_path / "two"))
-  assert helpers.max_weight_difference(one_weights, two_weights) < 1e-4
+  assert helpers.max_weight_difference(one_weights, two_weights) < 1e-6
   one_loss = helpers.read_scalars(str(tmp_path / "one" / "train"))["loss"]
   two_loss = helpers.read_scalars(str(tmp_path / "two" / "train"))["loss"]
+  assert len(one_loss) == 2
   assert [v for _, v in one_loss] == pytest.approx([v for _, v in two_loss],
-                                                   rel=1e-4)
+                                                   rel=1e-5)
 
 
 def test_input_pipelines_read_disjoint_shards():

@@ -54,9 +54,11 @@ def test_sigkill_at_a_random_moment_then_restart_is_exact(
   ours = helpers.checkpoint_numbers(str(model_dir))
   reference = helpers.checkpoint_numbers(str(tmp_path / "straight"))
   assert sorted(ours) == sorted(reference)
-  # Adam's two slots per weight (`optimizer/_variables/N`) are compared too.
-  weights = [n for n in ours if n.startswith("model/")]
-  slots = [n for n in ours if n.startswith("optimizer/_variables/")]
+  # Adam's two slots per weight (`<weight>/.OPTIMIZER_SLOT/optimizer/m` and
+  # `v`) are compared too.
+  weights = [n for n in ours
+             if n.startswith("model/") and ".OPTIMIZER_SLOT/" not in n]
+  slots = [n for n in ours if ".OPTIMIZER_SLOT/optimizer/" in n]
   assert len(slots) == 2 * len(weights) == 16
   for name in reference:
     if name == "save_counter/.ATTRIBUTES/VARIABLE_VALUE":

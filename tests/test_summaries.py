@@ -1,7 +1,5 @@
 """Summary helpers: scalars, operative config, the progress line."""
 
-import os
-
 import gin
 import tensorflow as tf
 
@@ -30,15 +28,6 @@ def test_write_scalars_reads_back(tmp_path):
                           step=7)
   assert helpers.read_scalars(str(tmp_path)) == {"loss": [(7, 0.5)],
                                                  "accuracy": [(7, 0.25)]}
-
-
-def test_atomic_write_replaces_and_leaves_no_temporary(tmp_path):
-  path = str(tmp_path / "file.txt")
-  summaries.atomic_write_text(path, "one")
-  summaries.atomic_write_text(path, "two")
-  with open(path) as f:
-    assert f.read() == "two"
-  assert os.listdir(tmp_path) == ["file.txt"]
 
 
 def test_operative_config_file_and_text_summary(tmp_path):

@@ -7,11 +7,12 @@ if it is damaged; measured on this stack, a truncated file raises
 one on disk for inspection: nothing is deleted because a newer one is bad.
 """
 
+import collections
 import glob
 import os
 import re
 import shutil
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Set
 
 from absl import logging
 import tensorflow as tf
@@ -19,9 +20,42 @@ import tensorflow as tf
 from trainer import errors
 
 
+class _HoldingManager(tf.train.CheckpointManager):
+  """Deletes a checkpoint beyond `max_to_keep` only once it is evaluated.
+
+  `tf.train.CheckpointManager` offers no hook for what to delete; its
+  `_sweep` (called by `save`) is replaced here, keeping its contract: the
+  newest `max_to_keep` stay, older ones go unless `evaluated_fn` does not
+  list their step yet, in which case they stay (and stay in the state file)
+  until a later save finds them evaluated.
+  """
+
+  def __init__(self, *args, evaluated_fn: Callable[[], Set[int]], **kwargs):
+    super().__init__(*args, **kwargs)
+    self._evaluated_fn = evaluated_fn
+
+  def _sweep(self):
+    if not self._max_to_keep:
+      return
+    evaluated = None
+    held = collections.OrderedDict()
+    while len(self._maybe_delete) > self._max_to_keep:
+      prefix, timestamp = self._maybe_delete.popitem(last=False)
+      if evaluated is None:
+        evaluated = self._evaluated_fn()
+      if number(prefix) not in evaluated:
+        held[prefix] = timestamp
+        continue
+      for path in tf.io.gfile.glob(prefix + ".*"):
+        tf.io.gfile.remove(path)
+    held.update(self._maybe_delete)
+    self._maybe_delete = held
+
+
 def create_manager(checkpoint: tf.train.Checkpoint, directory: str,
                    max_to_keep: int, global_step: tf.Variable,
-                   init_fn: Optional[Callable[[], None]] = None
+                   init_fn: Optional[Callable[[], None]] = None,
+                   evaluated_fn: Optional[Callable[[], Set[int]]] = None
                    ) -> tf.train.CheckpointManager:
   """Returns a manager saving `checkpoint` as `directory/ckpt-<step>`.
 
@@ -31,10 +65,26 @@ def create_manager(checkpoint: tf.train.Checkpoint, directory: str,
     max_to_keep: Newest checkpoints kept; older ones are deleted.
     global_step: Numbers the checkpoints.
     init_fn: Called instead of a restore when there is no checkpoint yet.
+    evaluated_fn: Returns the evaluated steps; if given, older checkpoints
+      are deleted only once evaluated (`trainer.keep_until_evaluated`).
   """
+  if evaluated_fn is not None:
+    return _HoldingManager(
+        checkpoint, directory=directory, max_to_keep=max_to_keep,
+        step_counter=global_step, init_fn=init_fn, evaluated_fn=evaluated_fn)
   return tf.train.CheckpointManager(
       checkpoint, directory=directory, max_to_keep=max_to_keep,
       step_counter=global_step, init_fn=init_fn)
+
+
+def copy(source: str, destination: str) -> None:
+  """Copies the checkpoint at prefix `source` to prefix `destination`.
+
+  The index, which readers open first, is copied last.
+  """
+  for path in sorted(tf.io.gfile.glob(source + ".data-*")) + [
+      source + ".index"]:
+    tf.io.gfile.copy(path, destination + path[len(source):], overwrite=True)
 
 
 def candidates(directory: str) -> List[str]:
@@ -47,7 +97,7 @@ def candidates(directory: str) -> List[str]:
     paths.append(state.model_checkpoint_path)
   paths = [p if os.path.isabs(p) else os.path.join(directory, p)
            for p in paths]
-  return sorted(paths, key=_number, reverse=True)
+  return sorted(paths, key=number, reverse=True)
 
 
 def newest_step(directory: str) -> int:
@@ -64,19 +114,29 @@ def newest_step(directory: str) -> int:
   return 0
 
 
-def _number(path: str) -> int:
+def number(path: str) -> int:
+  """Returns the step a checkpoint prefix `.../ckpt-<step>` ends with, or -1."""
   match = re.search(r"-(\d+)$", path)
   return int(match.group(1)) if match else -1
 
 
-def _mismatch(error: Exception) -> Optional[str]:
-  """Names the problem when `error` says the checkpoint is another model's."""
+def shape_mismatch(error: Exception) -> Optional[str]:
+  """Names the variable and both shapes when `error` is a restore's shape
+  mismatch; None otherwise."""
   match = re.search(r"incompatible tensor with shape (\S+) when attempting to "
                     r"restore variable with shape (\S+) and name (\S+?)(:0)?\.",
                     str(error))
-  if match:
-    return (f"variable {match.group(3)} has shape {match.group(2)} in this "
-            f"model but {match.group(1)} in the checkpoint")
+  if not match:
+    return None
+  return (f"variable {match.group(3)} has shape {match.group(2)} in this "
+          f"model but {match.group(1)} in the checkpoint")
+
+
+def _mismatch(error: Exception) -> Optional[str]:
+  """Names the problem when `error` says the checkpoint is another model's."""
+  mismatch = shape_mismatch(error)
+  if mismatch:
+    return mismatch
   if isinstance(error, AssertionError):
     return (str(error).strip().splitlines() or ["objects do not match"])[0]
   return None

@@ -183,7 +183,12 @@ def _quiet_teardown() -> None:
 
 
 def _fail(message: str, exit_code: int = USAGE_EXIT_CODE) -> None:
+  """Prints the error line last on stderr and exits with `exit_code`."""
   print(f"train.py: error: {message}", file=sys.stderr, flush=True)
+  # TensorFlow's C++ threads may still log while the process winds down (a
+  # peer's collective failing, say); the error line stays the last one.
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, sys.stderr.fileno())
   sys.exit(exit_code)
 
 

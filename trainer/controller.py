@@ -23,6 +23,7 @@ import tensorflow as tf
 from trainer import checkpoints
 from trainer import errors
 from trainer import preemption as preemption_lib
+from trainer import profiler
 from trainer import summaries
 
 
@@ -34,9 +35,10 @@ def _log(message: str) -> None:
 class Controller(orbit.Controller):
   """`orbit.Controller` that prints a progress line per loop.
 
-  Train summaries (mean loss, every task metric, steps/s, examples/s and what
-  `scalars_fn` adds) are written to `train_summary_writer` every
-  `summary_interval` steps and at the final step, `train_steps`.
+  Train summaries (mean loss, every task metric, the gradient norm, the
+  learning rate, steps/s, examples/s and what `scalars_fn` adds) are written
+  to `train_summary_writer` every `summary_interval` steps and at the final
+  step, `train_steps`; a scheduled learning rate also after every loop.
   """
 
   def __init__(self, *, train_steps: int = 0, global_batch_size: int = 0,
@@ -50,6 +52,8 @@ class Controller(orbit.Controller):
                resume_input_fn: Optional[Callable[[int], None]] = None,
                preemption: Optional[preemption_lib.PreemptionWatcher] = None,
                preemption_exit_code: int = 42, num_workers: int = 1,
+               stop_fn: Optional[Callable[[], Optional[str]]] = None,
+               profile: Optional[profiler.ProfileWindow] = None,
                **kwargs):
     """Builds the controller; restores the newest checkpoint if there is one.
 
@@ -77,6 +81,9 @@ class Controller(orbit.Controller):
       preemption: Watches for SIGTERM/SIGINT; checked after every loop.
       preemption_exit_code: Carried by `errors.Preempted`.
       num_workers: Workers that must agree on stopping for a preemption.
+      stop_fn: Returns why training should stop before `train_steps` (early
+        stopping), or None; asked before every loop.
+      profile: Traces a window of steps; loops are cut at its edges.
       **kwargs: Passed to `orbit.Controller`.
     """
     self._train_steps = train_steps
@@ -95,6 +102,11 @@ class Controller(orbit.Controller):
     self._preemption = preemption
     self._preemption_exit_code = preemption_exit_code
     self._num_workers = num_workers
+    self._learning_rate = None  # The last one written.
+    self._stop_fn = stop_fn
+    self._profile = profile
+    self.stop_reason: Optional[str] = None  # Why training stopped early.
+    self.restored_path: Optional[str] = None  # The checkpoint restored last.
     self._step = None  # Python mirror of `global_step`, set at restore.
     # Every worker must take the same save decisions, so they are based on
     # the restored step, not on what this process's directory holds.
@@ -119,6 +131,7 @@ class Controller(orbit.Controller):
           directory=self._restore_dir)
     self._step = int(self.global_step.numpy())
     self._last_saved_step = self._step
+    self.restored_path = path
     if path:
       _log(f"restored checkpoint {path} at step {self._step}")
     return path
@@ -137,7 +150,15 @@ class Controller(orbit.Controller):
       # A rollback needs a checkpoint to go back to, even at step 0.
       self._maybe_save_checkpoint(check_interval=False, force=True)
     while self._step < steps:
-      num_steps = min(steps - self._step, self.steps_per_loop)
+      if self._stop_early():
+        break
+      # Loops end at multiples of `steps_per_loop` (where summaries are
+      # due), also after one that was cut short.
+      num_steps = min(steps - self._step,
+                      self.steps_per_loop - self._step % self.steps_per_loop)
+      if self._profile is not None:
+        num_steps = self._profile.clip(self._step, num_steps)
+        self._profile.before_loop(self._step)
       if self._discard_at is not None:
         if self._step == self._discard_at - 1:
           self.trainer.discard_batch()
@@ -146,14 +167,53 @@ class Controller(orbit.Controller):
         else:
           num_steps = min(num_steps, self._discard_at - 1 - self._step)
       self._train_n_steps(num_steps)
+      if self._profile is not None:
+        self._profile.after_loop(self._step)
       self._maybe_save_checkpoint()
       if self._preemption is not None and self._preemption.agreed(
           self.strategy, self._num_workers):
         self._maybe_save_checkpoint(check_interval=False)
         raise errors.Preempted(self._step, self._preemption_exit_code)
-    if checkpoint_at_completion:
+    if self._profile is not None:
+      self._profile.stop(self._step)
+    if checkpoint_at_completion or self.stop_reason:
       self._maybe_save_checkpoint(check_interval=False)
     self._sync_on_async_checkpointing()
+
+  def _stop_early(self) -> bool:
+    """Whether `stop_fn` says to stop; logs the reason once."""
+    if self.stop_reason is None and self._stop_fn is not None:
+      self.stop_reason = self._stop_fn()
+      if self.stop_reason:
+        _log(f"train | stopping early at step {self._step}: "
+             f"{self.stop_reason}")
+    return self.stop_reason is not None
+
+  def train_and_evaluate(self, train_steps: int, eval_steps: int = -1,
+                         eval_interval: Optional[int] = None):
+    """Trains to `train_steps`, evaluating at every multiple of
+    `eval_interval` and at the end; see `orbit.Controller`.
+
+    Orbit's counts the interval from the step it starts at, so a resumed run
+    would evaluate at other steps than an uninterrupted one; and it cannot
+    stop early.
+
+    Returns:
+      The last evaluation's results, or None if nothing was left to train.
+    """
+    self._require("trainer", for_method="train_and_evaluate")
+    self._require("evaluator", for_method="train_and_evaluate")
+    output = None
+    while self._step < train_steps and not self._stop_early():
+      target = train_steps
+      if eval_interval:
+        target = min(train_steps,
+                     (self._step // eval_interval + 1) * eval_interval)
+      self.train(target, checkpoint_at_completion=False)
+      output = self.evaluate(eval_steps)
+    self._maybe_save_checkpoint(check_interval=False)
+    self._sync_on_async_checkpointing()
+    return output
 
   def _newest(self) -> Optional[str]:
     return tf.train.latest_checkpoint(self._restore_dir or
@@ -221,6 +281,25 @@ class Controller(orbit.Controller):
         self._step % self.summary_interval == 0 or
         self._step >= self._train_steps):
       self._write_train_summaries()
+    else:
+      self._write_learning_rate(train_output)
+
+  def _write_learning_rate(self, train_output) -> None:
+    """Writes a scheduled learning rate after a loop, if it changed.
+
+    Between summaries only: an eager summary write costs ~0.3 ms (measured),
+    a tenth of a small step.
+    """
+    if (self._train_summary_writer is None or
+        "learning_rate" not in train_output):
+      return
+    rate = float(train_output["learning_rate"])
+    if rate != self._learning_rate:
+      # Not flushed: the writer flushes with the next full summary.
+      summaries.write_scalars(self._train_summary_writer,
+                              {"learning_rate": rate}, self._step,
+                              flush=False)
+      self._learning_rate = rate
 
   def _write_train_summaries(self) -> None:
     steps_per_second = self._window_steps / max(self._window_seconds, 1e-9)
@@ -229,6 +308,8 @@ class Controller(orbit.Controller):
     scalars["examples_per_second"] = steps_per_second * self._global_batch_size
     if self._scalars_fn is not None:
       scalars.update(self._scalars_fn())
+    if "learning_rate" in scalars:
+      self._learning_rate = float(scalars["learning_rate"])
     summaries.write_scalars(self._train_summary_writer, scalars, self._step)
     if not np.isfinite(float(scalars["loss"])):
       logging.warning("training loss is %s at step %d", scalars["loss"],

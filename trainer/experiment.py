@@ -1,4 +1,10 @@
-"""Wires a Task, the runtime and the Orbit controller together for a mode."""
+"""Wires a Task, the runtime and the Orbit controller together for a mode.
+
+`run` builds, in order: the strategy, the inputs, the model and optimizer
+(in the strategy scope), the Orbit trainer and evaluator, the checkpoint
+manager, the actions between loops, and the controller; then it runs the
+mode. Each feature lives in its own module; this one only connects them.
+"""
 
 import contextlib
 import dataclasses
@@ -9,17 +15,23 @@ import tempfile
 from typing import Any, Dict, Optional
 
 from absl import logging
-import gin
 import orbit
 import tensorflow as tf
 import tf_keras
 
+from trainer import actions
 from trainer import checkpoints
 from trainer import cluster
+from trainer import config as config_lib
+from trainer import continuous_eval
 from trainer import controller as controller_lib
 from trainer import errors
+from trainer import exports
+from trainer import gradients
 from trainer import inputs as inputs_lib
+from trainer import optimization
 from trainer import preemption
+from trainer import profiler
 from trainer import runners
 from trainer import runtime as runtime_lib
 from trainer import scaling
@@ -27,112 +39,7 @@ from trainer import summaries
 from trainer import task as task_lib
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval")
-NONFINITE_POLICIES = ("stop", "rollback")
-
-
-@gin.configurable("trainer")
-@dataclasses.dataclass(frozen=True)
-class TrainerConfig:
-  """Loop, evaluation and checkpoint settings, bound as `trainer.<name>`.
-
-  Attributes:
-    train_steps: Train until the global step reaches this.
-    steps_per_loop: Steps run inside one `tf.function` call; progress is
-      reported once per loop.
-    global_batch_size: Training examples per step over all replicas.
-    eval_batch_size: Evaluation examples per step over all replicas.
-    validation_steps: Eval batches per evaluation; -1 is one full pass over
-      the eval split, partial last batch included.
-    validation_interval: Evaluate every this many steps in `train_and_eval`;
-      0 evaluates only at the end.
-    checkpoint_interval: Save when the step reaches a multiple of this; a
-      checkpoint is always saved when training ends.
-    summary_interval: Write train summaries every this many steps; a multiple
-      of `steps_per_loop`.
-    max_to_keep: Newest checkpoints kept.
-    continuous_eval_timeout: `continuous_eval` gives up after waiting this
-      many seconds for a new checkpoint.
-    batch_scaling: None, `keep_global_batch` or `keep_per_replica_batch`:
-      how batch sizes and the learning rate follow a replica count other
-      than `reference_replicas` (see `trainer.scaling`).
-    reference_replicas: The replica count the batch sizes are written for.
-    on_nonfinite: What a non-finite training loss does: "stop" ends the run
-      with an error naming the step; "rollback" restores the newest
-      checkpoint and skips the batch of that step.
-    max_rollbacks: With "rollback", stop anyway after this many.
-    preemption_exit_code: Exit code after SIGTERM/SIGINT, once a checkpoint
-      at the step reached is saved; tells a launcher to restart the job.
-  """
-  train_steps: int = 1000
-  steps_per_loop: int = 100
-  global_batch_size: int = 64
-  eval_batch_size: int = 256
-  validation_steps: int = -1
-  validation_interval: int = 0
-  checkpoint_interval: int = 1000
-  summary_interval: int = 100
-  max_to_keep: int = 5
-  continuous_eval_timeout: float = 3600.0
-  batch_scaling: Optional[str] = None
-  reference_replicas: int = 1
-  on_nonfinite: str = "stop"
-  max_rollbacks: int = 3
-  preemption_exit_code: int = 42
-
-  def __post_init__(self):
-    for field in dataclasses.fields(self):
-      value = getattr(self, field.name)
-      if field.type is int and (not isinstance(value, int) or
-                                isinstance(value, bool)):
-        raise errors.ConfigError(
-            f"`trainer.{field.name}` ({value!r}) must be an "
-            "integer.")
-    positive = ("train_steps", "steps_per_loop", "global_batch_size",
-                "eval_batch_size", "checkpoint_interval", "summary_interval",
-                "max_to_keep")
-    for name in positive:
-      if getattr(self, name) < 1:
-        raise errors.ConfigError(
-            f"`trainer.{name}` ({getattr(self, name)}) must be "
-            "positive.")
-    if self.validation_steps == 0 or self.validation_steps < -1:
-      raise errors.ConfigError(
-          f"`trainer.validation_steps` ({self.validation_steps})"
-          " must be positive, or -1 for a full pass.")
-    if self.validation_interval < 0:
-      raise errors.ConfigError("`trainer.validation_interval` "
-                       f"({self.validation_interval}) must be >= 0.")
-    for name in ("summary_interval", "checkpoint_interval",
-                 "validation_interval"):
-      # Summaries, saves and evaluations happen between loops only.
-      if getattr(self, name) % self.steps_per_loop:
-        raise errors.ConfigError(
-            f"`trainer.{name}` ({getattr(self, name)}) must be a multiple of "
-            f"`trainer.steps_per_loop` ({self.steps_per_loop}).")
-    if self.on_nonfinite not in NONFINITE_POLICIES:
-      raise errors.ConfigError(
-          f"`trainer.on_nonfinite` ({self.on_nonfinite!r}) must be one of: "
-          f"{', '.join(NONFINITE_POLICIES)}.")
-    if self.max_rollbacks < 0:
-      raise errors.ConfigError(
-          f"`trainer.max_rollbacks` ({self.max_rollbacks}) must be >= 0.")
-    if not 1 <= self.preemption_exit_code <= 255:
-      raise errors.ConfigError(
-          f"`trainer.preemption_exit_code` ({self.preemption_exit_code}) "
-          "must be in [1, 255]: 0 tells a scheduler the job finished.")
-    if self.batch_scaling is not None and (
-        self.batch_scaling not in scaling.RULES):
-      raise errors.ConfigError(
-          f"`trainer.batch_scaling` ({self.batch_scaling!r}) must be None or "
-          f"one of: {', '.join(scaling.RULES)}.")
-    if self.reference_replicas < 1:
-      raise errors.ConfigError(
-          f"`trainer.reference_replicas` ({self.reference_replicas}) must be "
-          "positive.")
-    if (not isinstance(self.continuous_eval_timeout, (int, float)) or
-        self.continuous_eval_timeout <= 0):
-      raise errors.ConfigError("`trainer.continuous_eval_timeout` "
-                       f"({self.continuous_eval_timeout!r}) must be positive.")
+TrainerConfig = config_lib.TrainerConfig
 
 
 def _ensure_built(model: tf_keras.Model, element_spec) -> None:
@@ -146,16 +53,33 @@ def _ensure_built(model: tf_keras.Model, element_spec) -> None:
   model(dummy, training=False)
 
 
-def optimizer_scalars(
+def loss_scale_scalars(
     optimizer: tf_keras.optimizers.Optimizer) -> Dict[str, float]:
-  """Returns the learning rate now (schedules included) and the loss scale."""
-  rate = optimizer.learning_rate
-  if callable(rate):
-    rate = rate(optimizer.iterations)
-  scalars = {"learning_rate": float(tf.convert_to_tensor(rate))}
+  """Returns the float16 loss scale as a scalar, if there is one."""
   if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
-    scalars["loss_scale"] = float(optimizer.loss_scale)
-  return scalars
+    return {"loss_scale": float(optimizer.loss_scale)}
+  return {}
+
+
+def _build_optimizer(task: task_lib.Task, model: tf_keras.Model,
+                     config: TrainerConfig, runtime: runtime_lib.RuntimeConfig,
+                     replica_factor: float) -> tf_keras.optimizers.Optimizer:
+  """Builds the task's optimizer, scaled, averaged and loss-scaled.
+
+  Call inside the strategy scope.
+  """
+  optimizer = task.create_optimizer(optimization.Settings(
+      config.optimizer, config.learning_rate, config.train_steps))
+  batch_factor = optimization.learning_rate_factor(config.learning_rate,
+                                                   config.global_batch_size)
+  factor = replica_factor if batch_factor is None else batch_factor
+  scaling.scale_learning_rate(optimizer, factor)
+  if batch_factor is not None and batch_factor != 1.0:
+    print(f"learning rate | x{batch_factor:g} for global batch "
+          f"{config.global_batch_size} (rates are written for "
+          f"{config.learning_rate.reference_batch_size})", flush=True)
+  optimizer = optimization.add_ema(optimizer, model, config.ema)
+  return runtime_lib.wrap_optimizer(optimizer, runtime)
 
 
 def run(task: task_lib.Task, mode: str, model_dir: str,
@@ -167,8 +91,8 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   Args:
     task: What to train.
     mode: One of `MODES`.
-    model_dir: Checkpoints, `train/` and `eval/` summaries and
-      `operative_config.gin` go here.
+    model_dir: Checkpoints, `train/` and `eval/` summaries,
+      `operative_config.gin`, `best/` and `export/` go here.
     runtime: Devices, strategy and precision; defaults if None.
     config: Loop settings; defaults if None.
     restore_dir: Where to look for the checkpoint to start from, if not in
@@ -179,7 +103,8 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
     The last evaluation's results (name -> NumPy value), or {} if none ran.
 
   Raises:
-    errors.ConfigError: For an unknown mode, or `eval` without a checkpoint.
+    errors.ConfigError: For an unknown mode, `eval` without a checkpoint, and
+      settings that do not fit the task or the strategy.
   """
   runtime = runtime or runtime_lib.RuntimeConfig()
   config = config or TrainerConfig()
@@ -205,31 +130,23 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   runtime_lib.set_precision_policy(runtime)
   runtime_lib.seed_everything(runtime)
   worker = cluster.worker_info(strategy)
-  config, learning_rate_factor = scaling.rescale(
+  config, replica_factor = scaling.rescale(
       config, strategy.num_replicas_in_sync)
   if config.batch_scaling is not None:
     print(f"scaling | {strategy.num_replicas_in_sync} replica(s), reference "
           f"{config.reference_replicas}: global batch "
           f"{config.global_batch_size}, eval batch {config.eval_batch_size}, "
-          f"learning rate x{learning_rate_factor:g}", flush=True)
+          f"learning rate x{replica_factor:g}", flush=True)
   coordinator = None
   if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    spec = tf.distribute.cluster_resolver.TFConfigClusterResolver(
-    ).cluster_spec()
-    num_workers = spec.num_tasks("worker")
-    print(f"cluster | coordinator schedules steps on {num_workers} worker(s);"
-          f" variables on {spec.num_tasks('ps')} ps", flush=True)
-    if training and num_workers > 1:
-      print(f"input | worker i of {num_workers} reads examples i, "
-            f"i + {num_workers}, ... of the task's training data", flush=True)
+    coordinator = _coordinator(strategy, training)
   logging.info("strategy %s with %d replica(s); worker %d of %d",
                type(strategy).__name__, strategy.num_replicas_in_sync,
                worker.worker_index, worker.num_workers)
   train_input = eval_input = None
   if training:
     train_input = _train_input(task, strategy, config, runtime, worker)
-  if evaluating:
+  if evaluating or config.export.at_end:
     # Every worker evaluates the whole eval split: the same number of steps
     # everywhere (no collective waits on a worker with fewer batches), and
     # the metrics, summed over all replicas, keep their ratios.
@@ -243,23 +160,29 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
     _ensure_built(model, (train_input or eval_input).dataset.element_spec)
     global_step = orbit.utils.create_global_step()
     optimizer = None
-    if training:
-      optimizer = runtime_lib.wrap_optimizer(task.create_optimizer(), runtime)
-      scaling.scale_learning_rate(optimizer, learning_rate_factor)
-      if config.on_nonfinite == "rollback":
-        # A rollback may go back to a checkpoint saved before the first step;
-        # it must hold the optimizer slots too, or they would keep the
-        # non-finite values.
-        optimizer.build(model.trainable_variables)
+    if training or config.ema.enabled:
+      # Evaluation builds it too with EMA: the averages are its slots.
+      optimizer = _build_optimizer(task, model, config, runtime,
+                                   replica_factor)
+    if training and config.on_nonfinite == "rollback":
+      # A rollback may go back to a checkpoint saved before the first step;
+      # it must hold the optimizer slots too, or they would keep the
+      # non-finite values.
+      optimization.create_slots(optimizer, model.trainable_variables)
+
+  def averaged_weights():
+    return optimization.averaged_weights(optimizer, strategy)
 
   trainer = evaluator = None
   checkpoint_items = {"model": model, "global_step": global_step}
+  if optimizer is not None:
+    checkpoint_items["optimizer"] = optimizer
+  input_in_checkpoint = False
   if training:
     trainer = runners.TaskTrainer(
         task, model, optimizer, strategy, train_input, global_step,
         run_eagerly=runtime.run_eagerly, enable_xla=runtime.enable_xla,
-        coordinator=coordinator)
-    checkpoint_items["optimizer"] = optimizer
+        step_options=_step_options(config), coordinator=coordinator)
     checkpoint_items["discarded_batches"] = trainer.discarded_batches
     input_in_checkpoint = (worker.num_workers == 1 and coordinator is None and
                            inputs_lib.is_checkpointable(train_input.dataset))
@@ -273,35 +196,71 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   if evaluating:
     evaluator = runners.TaskEvaluator(task, model, strategy, eval_input,
                                       global_step,
-                                      run_eagerly=runtime.run_eagerly)
-
+                                      run_eagerly=runtime.run_eagerly,
+                                      weights=averaged_weights)
   resume_input_fn = None
   if training and not input_in_checkpoint and coordinator is None:
     resume_input_fn = trainer.skip_input
   finite_fn = None
   if training:
-    finite_fn = lambda: _all_finite(model.variables + optimizer.variables())
+    finite_fn = lambda: _all_finite(  # pylint: disable=g-long-lambda
+        model.variables + optimization.optimizer_variables(optimizer))
+  signatures = None
+  if config.export.at_end or config.export.best:
+    features_spec = eval_input.dataset.element_spec[0]
+    signatures = lambda: task.export_signatures(model, features_spec)
+
+  def export(directory: str) -> None:
+    with averaged_weights():
+      exports.export(model, signatures(), directory)
 
   with _write_directory(model_dir, worker) as write_dir, (
       preemption.PreemptionWatcher() if training else
       contextlib.nullcontext()) as watcher:
     if training and worker.is_chief:
       checkpoints.remove_interrupted_saves(write_dir)
+    checkpoint = tf.train.Checkpoint(**checkpoint_items)
     manager = checkpoints.create_manager(
-        tf.train.Checkpoint(**checkpoint_items), write_dir, config.max_to_keep,
-        global_step,
-        init_fn=(lambda: task.initialize(model)) if training else None)
+        checkpoint, write_dir, config.max_to_keep, global_step,
+        init_fn=((lambda: task.initialize(model, config.warm_start))
+                 if training else None),
+        evaluated_fn=(
+            (lambda: continuous_eval.read_evaluated(write_dir))
+            if training and config.keep_until_evaluated else None))
     train_writer = None
     if training:
       train_writer = summaries.LazyWriter(os.path.join(write_dir, "train"))
+    early_stopping = None
+    if config.early_stopping.metric is not None:
+      early_stopping = actions.EarlyStopping(
+          write_dir, config.early_stopping,
+          step_fn=lambda: int(global_step.numpy()))
+    eval_actions = []
+    if config.best_checkpoint.metric is not None:
+
+      def save_best(prefix: str) -> None:
+        if training:
+          checkpoint.write(prefix)
+        else:  # Evaluating a checkpoint on disk: copy it, optimizer and all.
+          checkpoints.copy(controller.restored_path, prefix)
+
+      eval_actions.append(actions.BestCheckpoint(
+          write_dir, config.best_checkpoint,
+          step_fn=lambda: int(global_step.numpy()), save_fn=save_best,
+          export_fn=export if config.export.best else None))
+    if early_stopping is not None and evaluating:
+      eval_actions.append(early_stopping)
     controller = controller_lib.Controller(
         global_step=global_step,
         trainer=trainer,
         evaluator=evaluator,
         strategy=strategy,
-        train_actions=[_OperativeConfigWriter(write_dir, train_writer),
-                       _StatefulRandomCheck(trainer, runtime.deterministic)]
+        train_actions=[
+            actions.OperativeConfigWriter(write_dir, train_writer),
+            actions.StatefulRandomCheck(trainer.stateful_random_ops,
+                                        runtime.deterministic)]
         if training else None,
+        eval_actions=eval_actions,
         steps_per_loop=config.steps_per_loop if training else None,
         checkpoint_manager=manager,
         summary_interval=config.summary_interval if training else None,
@@ -311,7 +270,8 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
         checkpoint_interval=config.checkpoint_interval,
         global_batch_size=config.global_batch_size,
         train_summary_writer=train_writer,
-        scalars_fn=(lambda: optimizer_scalars(optimizer)) if training else None,
+        scalars_fn=(lambda: loss_scale_scalars(optimizer)) if training
+        else None,
         partial_restore=not training,
         restore_dir=restore_dir,
         on_nonfinite=config.on_nonfinite,
@@ -320,7 +280,12 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
         resume_input_fn=resume_input_fn,
         preemption=watcher,
         preemption_exit_code=config.preemption_exit_code,
-        num_workers=worker.num_workers)
+        num_workers=worker.num_workers,
+        stop_fn=early_stopping.stop_reason if (
+            early_stopping is not None and training) else None,
+        profile=(profiler.ProfileWindow(config.profile_steps,
+                                        os.path.join(write_dir, "train"))
+                 if training and config.profile_steps else None))
 
     if resume_input_fn is not None and controller.step:
       # The chief's checkpoint cannot hold every worker's iterator (and some
@@ -331,7 +296,8 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
     if mode == "eval":
       return controller.evaluate(config.validation_steps)
     if mode == "continuous_eval":
-      return _evaluate_continuously(controller, model_dir, config)
+      return _evaluate_continuously(controller, model_dir, config,
+                                    early_stopping)
     output = {}
     with _empty_input_is_a_config_error():
       if mode == "train":
@@ -340,11 +306,40 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
         output = controller.train_and_evaluate(
             config.train_steps, config.validation_steps,
             eval_interval=config.validation_interval or None)
-        if output is None:  # Already trained to `train_steps`: evaluate.
+        if output is None:  # Nothing left to train: evaluate.
           output = controller.evaluate(config.validation_steps)
+    if config.export.at_end:
+      directory = os.path.join(write_dir, "export", str(controller.step))
+      export(directory)
+      print(f"export | SavedModel of step {controller.step} in {directory}",
+            flush=True)
     print(f"train | finished at step {controller.step} | weights fingerprint "
           f"{weights_fingerprint(model)}", flush=True)
     return output
+
+
+def _step_options(config: TrainerConfig) -> gradients.StepOptions:
+  """Returns the default train step's options from `config`."""
+  return gradients.StepOptions(
+      accumulation_steps=config.gradient_accumulation_steps,
+      clip_norm=config.gradient_clip_norm,
+      clip_value=config.gradient_clip_value)
+
+
+def _coordinator(strategy: tf.distribute.Strategy, training: bool
+                 ) -> tf.distribute.coordinator.ClusterCoordinator:
+  """Returns the coordinator scheduling steps on the parameter-server
+  cluster's workers, and says how the cluster is used."""
+  coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+  spec = tf.distribute.cluster_resolver.TFConfigClusterResolver(
+  ).cluster_spec()
+  num_workers = spec.num_tasks("worker")
+  print(f"cluster | coordinator schedules steps on {num_workers} worker(s);"
+        f" variables on {spec.num_tasks('ps')} ps", flush=True)
+  if training and num_workers > 1:
+    print(f"input | worker i of {num_workers} reads examples i, "
+          f"i + {num_workers}, ... of the task's training data", flush=True)
+  return coordinator
 
 
 def _parameter_server_role(runtime: runtime_lib.RuntimeConfig,
@@ -445,64 +440,18 @@ def weights_fingerprint(model: tf_keras.Model) -> str:
   return digest.hexdigest()[:16]
 
 
-class _OperativeConfigWriter:
-  """Train action: saves the operative gin config once, after the first loop.
+def _evaluate_continuously(
+    controller: controller_lib.Controller, model_dir: str,
+    config: TrainerConfig,
+    early_stopping: Optional[actions.EarlyStopping]) -> Dict[str, Any]:
+  """Evaluates every checkpoint of `model_dir` once, in step order, until the
+  one at `train_steps` (see `trainer.continuous_eval`)."""
 
-  Gin only knows which parameters were used once the configurables ran.
-  """
+  def evaluate(prefix: str):
+    controller.restore_checkpoint(prefix)
+    return controller.step, controller.evaluate(config.validation_steps)
 
-  def __init__(self, model_dir: str,
-               writer: Optional[summaries.Writer]):
-    self._model_dir = model_dir
-    self._writer = writer
-    self._done = False
-
-  def __call__(self, unused_output) -> None:
-    if self._done:
-      return
-    self._done = True
-    path = summaries.write_operative_config(self._model_dir, self._writer,
-                                            step=0)
-    logging.info("wrote %s", path)
-
-
-class _StatefulRandomCheck:
-  """Train action: after the first loop, warns about stateful random ops.
-
-  Only with `runtime.deterministic`, where the user asked for exactness.
-  """
-
-  def __init__(self, trainer: runners.TaskTrainer, enabled: bool):
-    self._trainer = trainer
-    self._done = not enabled
-
-  def __call__(self, unused_output) -> None:
-    if self._done:
-      return
-    self._done = True
-    found = self._trainer.stateful_random_ops()
-    if found:
-      message = (
-          "runtime.deterministic: the train step uses stateful random ops "
-          f"({', '.join(found[:3])}{', ...' if len(found) > 3 else ''}); "
-          "their state is not checkpointed, so a resumed run will differ. "
-          "Use tf.random.stateless_* ops seeded from the step.")
-      logging.warning(message)
-      print(f"warning | {message}", flush=True)
-
-
-def _evaluate_continuously(controller: controller_lib.Controller,
-                           model_dir: str,
-                           config: TrainerConfig) -> Dict[str, Any]:
-  """Evaluates each new checkpoint until one at `train_steps` or later."""
-  output = {}
-  for path in tf.train.checkpoints_iterator(
-      model_dir, timeout=config.continuous_eval_timeout):
-    controller.restore_checkpoint(path)
-    output = controller.evaluate(config.validation_steps)
-    if controller.step >= config.train_steps:
-      break
-  else:
-    logging.warning("no new checkpoint in %s for %s s; stopping.", model_dir,
-                    config.continuous_eval_timeout)
-  return output
+  return continuous_eval.run(
+      model_dir, evaluate, config.train_steps,
+      timeout=config.continuous_eval_timeout,
+      stop_fn=early_stopping.stop_reason if early_stopping else None)

@@ -15,6 +15,7 @@ import tensorflow as tf
 import tf_keras
 
 from trainer import errors
+from trainer import optimization
 
 RULES = ("keep_global_batch", "keep_per_replica_batch")
 
@@ -64,11 +65,9 @@ def scale_learning_rate(optimizer: tf_keras.optimizers.Optimizer,
   """Multiplies `optimizer`'s learning rate (or schedule) by `factor`."""
   if factor == 1.0:
     return
-  if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
-    optimizer = optimizer.inner_optimizer
-  # The public getter returns a schedule's current value, not the schedule.
-  rate = optimizer._learning_rate  # pylint: disable=protected-access
+  rate = optimization.get_learning_rate(optimizer)
   if isinstance(rate, tf_keras.optimizers.schedules.LearningRateSchedule):
-    optimizer.learning_rate = ScaledSchedule(rate, factor)
+    optimization.set_learning_rate(optimizer, ScaledSchedule(rate, factor))
   else:
-    optimizer.learning_rate = float(tf.convert_to_tensor(rate)) * factor
+    optimization.set_learning_rate(
+        optimizer, float(tf.convert_to_tensor(rate)) * factor)

@@ -1,12 +1,13 @@
 """TensorBoard summaries, the operative gin config and the progress line."""
 
 import os
-import tempfile
 from typing import Mapping, Optional, Union
 
 import gin
 import numpy as np
 import tensorflow as tf
+
+from trainer import files
 
 OPERATIVE_CONFIG_FILE = "operative_config.gin"
 
@@ -40,24 +41,14 @@ class LazyWriter:
 Writer = Union[tf.summary.SummaryWriter, LazyWriter]
 
 
-def write_scalars(writer: Writer,
-                  scalars: Mapping[str, object], step: int) -> None:
+def write_scalars(writer: Writer, scalars: Mapping[str, object], step: int,
+                  flush: bool = True) -> None:
   """Writes each value of `scalars` as a scalar summary at `step`."""
   with writer.as_default(step=step):
     for name, value in scalars.items():
       tf.summary.scalar(name, value)
-  writer.flush()
-
-
-def atomic_write_text(path: str, text: str) -> None:
-  """Writes `text` to `path` so readers see the old file or the new one."""
-  directory = os.path.dirname(path) or "."
-  with tempfile.NamedTemporaryFile("w", dir=directory, delete=False,
-                                   prefix=".tmp-", suffix=".part") as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(f.name, path)
+  if flush:
+    writer.flush()
 
 
 def write_operative_config(directory: str,
@@ -70,7 +61,7 @@ def write_operative_config(directory: str,
   """
   config = gin.operative_config_str()
   path = os.path.join(directory, OPERATIVE_CONFIG_FILE)
-  atomic_write_text(path, config)
+  files.write_text(path, config)
   if writer is not None:
     with writer.as_default(step=step):
       # Indented lines render as a code block in TensorBoard's markdown.

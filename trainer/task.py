@@ -7,10 +7,15 @@ across replicas, the global step, checkpoints and summaries. Hook names follow
 Model Garden's `official.core.base_task.Task`, so its users recognise them.
 """
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 import tf_keras
+
+from trainer import exports
+from trainer import gradients
+from trainer import optimization
+from trainer import warm_start as warm_start_lib
 
 Logs = Dict[str, Any]
 
@@ -60,13 +65,44 @@ class Task:
     del training
     return []
 
-  def create_optimizer(self) -> tf_keras.optimizers.Optimizer:
-    """Returns the optimizer; called once, inside the strategy scope."""
-    return tf_keras.optimizers.Adam(learning_rate=1e-3)
+  def create_optimizer(self, settings: optimization.Settings
+                       ) -> tf_keras.optimizers.Optimizer:
+    """Returns the optimizer; called once, inside the strategy scope.
 
-  def initialize(self, model: tf_keras.Model) -> None:
-    """Warm-starts `model`; called only when training starts from scratch."""
-    del model
+    The default builds what gin's `optimizer.*` and `learning_rate.*`
+    describe (Model Garden's optimizers and schedules). The framework then
+    applies batch scaling, EMA (`ema.*`) and float16 loss scaling to
+    whatever this returns.
+    """
+    return settings.build()
+
+  def initialize(self, model: tf_keras.Model,
+                 warm_start: Optional[warm_start_lib.WarmStartConfig] = None
+                 ) -> None:
+    """Initialises a new run's model; called only when training starts from
+    scratch (a restarted run restores its own checkpoint instead).
+
+    The default loads `warm_start` (gin's `warm_start.*`) if it names a
+    checkpoint. An override should call `super().initialize(...)` to keep
+    warm starts working.
+    """
+    if warm_start is not None:
+      warm_start_lib.restore(model, warm_start)
+
+  def export_signatures(self, model: tf_keras.Model,
+                        features_spec) -> exports.Signatures:
+    """Returns the signatures of the SavedModels the framework exports.
+
+    Args:
+      model: The model, holding the weights to export.
+      features_spec: The eval input's features (`tf.TensorSpec`s with a
+        `None` batch dimension).
+
+    Returns:
+      Signature name -> `tf.function` with an input signature. The default
+      is `serving_default`: the model's inference call on a batch.
+    """
+    return exports.default_signatures(model, features_spec)
 
   def process_metrics(self, metrics, labels, model_outputs) -> None:
     """Updates each metric with a batch of labels and outputs."""
@@ -76,48 +112,59 @@ class Task:
   def train_step(self, inputs, model: tf_keras.Model,
                  optimizer: tf_keras.optimizers.Optimizer,
                  metrics: Optional[List[tf_keras.metrics.Metric]] = None,
-                 gradient_fn: Optional[Callable[..., Any]] = None) -> Logs:
+                 options: Optional[gradients.StepOptions] = None) -> Logs:
     """Runs one training step on one replica's slice of the global batch.
+
+    The default runs `compute_gradients` on each micro-batch, sums the
+    gradients over micro-batches and replicas, clips them and applies them
+    (see `trainer.gradients`). A task overriding this receives no `options`
+    (so gradient accumulation, clipping and XLA on several replicas are
+    refused for it) unless it calls `super().train_step(...)` itself.
 
     Args:
       inputs: This replica's `(features, labels)`.
       model: The model.
       optimizer: Applies the gradients.
       metrics: Updated with the step's labels and outputs.
-      gradient_fn: Stands in for `compute_gradients`, with its signature; the
-        framework passes an XLA-compiled one under `runtime.enable_xla` on
-        several replicas.
+      options: Micro-batches, clipping and a stand-in for
+        `compute_gradients`; the framework builds them from `trainer.*`.
 
     Returns:
       Logs whose `loss` is this replica's share of the global mean loss: the
       per-example losses summed and divided by the GLOBAL batch size, plus the
       regularisation losses divided by the replica count. The framework sums
-      `loss` over replicas, which gives the global mean.
+      `loss` over replicas, which gives the global mean. `gradient_norm` is
+      the global norm of the summed gradients before clipping.
     """
-    gradient_fn = gradient_fn or self.compute_gradients
-    loss, grads, outputs = gradient_fn(inputs, model, optimizer)
+    options = options or gradients.StepOptions()
+    loss, grads = gradients.accumulate(
+        options.gradient_fn or self.compute_gradients, inputs, model,
+        optimizer, options.accumulation_steps,
+        lambda batch, outputs: self.process_metrics(metrics or [], batch[1],
+                                                    outputs))
+    norm = gradients.clip_and_apply(optimizer, grads,
+                                    model.trainable_variables, options)
     if not isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
       # A non-finite gradient makes the step's loss NaN, so the framework's
       # guard stops at this step rather than one later. (Dynamic loss
       # scaling expects such gradients and skips those steps itself.)
-      finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g))
-                              for g in grads if g is not None])
-      loss = tf.where(finite, loss, tf.constant(float("nan"), loss.dtype))
-    optimizer.apply_gradients(zip(grads, model.trainable_variables))
-    self.process_metrics(metrics or [], inputs[1], outputs)
-    return {"loss": loss}
+      loss = tf.where(tf.math.is_finite(norm), loss,
+                      tf.constant(float("nan"), loss.dtype))
+    return {"loss": loss, "gradient_norm": norm}
 
   def compute_gradients(self, inputs, model: tf_keras.Model,
                         optimizer: tf_keras.optimizers.Optimizer
                         ) -> Tuple[tf.Tensor, List[tf.Tensor], Any]:
-    """Runs the forward and backward pass of `train_step` on one replica.
+    """Runs the forward and backward pass of `train_step` on one batch.
 
-    With `runtime.enable_xla` on several replicas, this part is what XLA
-    compiles; `apply_gradients` (which synchronises replicas) runs outside.
+    Called once per micro-batch. With `runtime.enable_xla` on several
+    replicas, this part is what XLA compiles; summing and applying the
+    gradients (which synchronises replicas) runs outside.
 
     Returns:
       `(loss, gradients of model.trainable_variables, model outputs)`, the
-      loss scaled as `train_step` describes and the gradients unscaled.
+      loss scaled as `train_step` describes and the gradients unscaled
+      (divided back by the float16 loss scale).
     """
     features, labels = inputs
     with tf.GradientTape() as tape:

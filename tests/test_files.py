@@ -1,0 +1,63 @@
+"""Atomic writes of files, JSON records and whole directories."""
+
+import os
+
+import pytest
+
+from trainer import files
+
+
+def test_write_text_replaces_and_leaves_no_temporary(tmp_path):
+  path = str(tmp_path / "sub" / "file.txt")
+  files.write_text(path, "one")
+  files.write_text(path, "two")
+  with open(path) as f:
+    assert f.read() == "two"
+  assert os.listdir(tmp_path / "sub") == ["file.txt"]
+
+
+def test_json_round_trip_and_missing_file(tmp_path):
+  path = str(tmp_path / "record.json")
+  assert files.read_json(path) is None
+  files.write_json(path, {"step": 400, "value": 0.975})
+  assert files.read_json(path) == {"step": 400, "value": 0.975}
+
+
+def _fill_with(content):
+  def fill(directory):
+    os.makedirs(directory)
+    with open(os.path.join(directory, "data"), "w") as f:
+      f.write(content)
+  return fill
+
+
+def test_write_directory_creates_and_replaces_whole(tmp_path):
+  target = str(tmp_path / "export" / "100")
+  files.write_directory(target, _fill_with("first"))
+  files.write_directory(target, _fill_with("second"))
+  with open(os.path.join(target, "data")) as f:
+    assert f.read() == "second"
+  assert os.listdir(tmp_path / "export") == ["100"]
+
+
+def test_failed_write_directory_leaves_the_old_one(tmp_path):
+  target = str(tmp_path / "100")
+  files.write_directory(target, _fill_with("good"))
+
+  def broken(directory):
+    _fill_with("half")(directory)
+    raise OSError("disk full")
+
+  with pytest.raises(OSError, match="disk full"):
+    files.write_directory(target, broken)
+  with open(os.path.join(target, "data")) as f:
+    assert f.read() == "good"
+  assert os.listdir(tmp_path) == ["100"]
+
+
+def test_remove_leftovers(tmp_path):
+  (tmp_path / ".tmp-export-1234").mkdir()
+  (tmp_path / ".tmp-abc.part").write_text("half")
+  (tmp_path / "keep.json").write_text("{}")
+  files.remove_leftovers(str(tmp_path))
+  assert os.listdir(tmp_path) == ["keep.json"]

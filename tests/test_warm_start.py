@@ -1,0 +1,191 @@
+"""Warm start from another run's checkpoint: the whole model or named parts,
+only when training starts from scratch, with named mismatches."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import trainer
+from trainer import experiment
+from trainer import warm_start
+
+import helpers
+
+
+class _BackboneHead(helpers.ConfiguredRegression):
+  """A functional model with layers named `backbone` and `head`."""
+
+  def __init__(self, head_units=1):
+    super().__init__()
+    self.head_units = head_units
+
+  def build_model(self):
+    inputs = tf_keras.Input((4,))
+    hidden = tf_keras.layers.Dense(8, "tanh", name="backbone")(inputs)
+    outputs = tf_keras.layers.Dense(self.head_units, name="head")(hidden)
+    return tf_keras.Model(inputs, outputs)
+
+  def build_losses(self, labels, model_outputs, aux_losses=None):
+    return tf.reduce_mean(tf.square(labels - model_outputs[:, :1]), axis=-1)
+
+
+class _Stem(tf_keras.layers.Layer):
+  """A sub-module reached by attribute: `model.backbone.stem`."""
+
+  def __init__(self):
+    super().__init__()
+    self.dense = tf_keras.layers.Dense(8, "tanh")
+
+  def call(self, inputs):
+    return self.dense(inputs)
+
+
+class _Backbone(tf_keras.layers.Layer):
+
+  def __init__(self):
+    super().__init__()
+    self.stem = _Stem()
+    self.top = tf_keras.layers.Dense(8, "tanh")
+
+  def call(self, inputs):
+    return self.top(self.stem(inputs))
+
+
+class _Subclassed(tf_keras.Model):
+
+  def __init__(self):
+    super().__init__()
+    self.backbone = _Backbone()
+    self.head = tf_keras.layers.Dense(1)
+
+  def call(self, inputs):
+    return self.head(self.backbone(inputs))
+
+
+def _config(train_steps=20, **settings):
+  return trainer.TrainerConfig(
+      train_steps=train_steps, steps_per_loop=10, summary_interval=10,
+      checkpoint_interval=10, global_batch_size=32, **settings)
+
+
+def _weights(model):
+  return {v.name: v.numpy() for v in model.weights}
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+  """A trained `_BackboneHead` run's directory."""
+  model_dir = str(tmp_path_factory.mktemp("source"))
+  experiment.run(_BackboneHead(), "train", model_dir,
+                 trainer.RuntimeConfig(seed=1), _config())
+  return model_dir
+
+
+def _source_model(source_dir):
+  model = _BackboneHead().build_model()
+  tf.train.Checkpoint(model=model).read(
+      tf.train.latest_checkpoint(source_dir)).expect_partial()
+  return _weights(model)
+
+
+def test_whole_model_from_a_directory(source):
+  trained = _source_model(source)
+  model = _BackboneHead().build_model()
+  restored = warm_start.restore(
+      model, warm_start.WarmStartConfig(checkpoint=source))
+  assert restored == tf.train.latest_checkpoint(source)
+  for name, value in _weights(model).items():
+    np.testing.assert_array_equal(value, trained[name])
+
+
+def test_named_layers_only(source):
+  trained = _source_model(source)
+  tf_keras.utils.set_random_seed(7)
+  model = _BackboneHead().build_model()
+  initial = _weights(model)
+  warm_start.restore(model, warm_start.WarmStartConfig(
+      checkpoint=source, modules=["backbone"]))
+  for name, value in _weights(model).items():
+    expected = trained if name.startswith("backbone/") else initial
+    np.testing.assert_array_equal(value, expected[name], err_msg=name)
+  assert not np.array_equal(initial["head/kernel:0"], trained["head/kernel:0"])
+
+
+def test_attribute_paths_of_a_subclassed_model(tmp_path):
+  source = _Subclassed()
+  source(tf.ones([1, 4]))
+  tf.train.Checkpoint(model=source).write(str(tmp_path / "ckpt-1"))
+  target = _Subclassed()
+  target(tf.ones([1, 4]))
+  head_before = target.head.kernel.numpy()
+  warm_start.restore(target, warm_start.WarmStartConfig(
+      checkpoint=str(tmp_path / "ckpt-1"), modules=["backbone.stem"]))
+  np.testing.assert_array_equal(target.backbone.stem.dense.kernel.numpy(),
+                                source.backbone.stem.dense.kernel.numpy())
+  assert not np.array_equal(target.backbone.top.kernel.numpy(),
+                            source.backbone.top.kernel.numpy())
+  np.testing.assert_array_equal(target.head.kernel.numpy(), head_before)
+
+
+def test_a_training_run_warm_starts_only_from_scratch(source, tmp_path,
+                                                      capsys):
+  config = _config(train_steps=10,
+                   warm_start=warm_start.WarmStartConfig(checkpoint=source))
+  experiment.run(_BackboneHead(), "train_and_eval", str(tmp_path),
+                 trainer.RuntimeConfig(seed=5), config)
+  out = capsys.readouterr().out
+  assert (f"warm start | the whole model from "
+          f"{tf.train.latest_checkpoint(source)}") in out
+  # The source had trained 20 steps: 10 more from there beat the source's
+  # own loss at step 10 (a start from scratch would not).
+  ours = helpers.read_scalars(str(tmp_path / "train"))["loss"]
+  theirs = helpers.read_scalars(source + "/train")["loss"]
+  assert ours[0][1] < theirs[0][1]
+  experiment.run(_BackboneHead(), "train", str(tmp_path),
+                 trainer.RuntimeConfig(seed=5), _config(
+                     train_steps=20, warm_start=config.warm_start))
+  assert "warm start |" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("settings,message", [
+    (dict(modules=["backbone", "neck"]),
+     "`warm_start.modules`: 'neck' names nothing in the model (at 'neck'; "
+     "layers with weights there: backbone, head)."),
+    (dict(checkpoint="/nonexistent/run"),
+     "`warm_start.checkpoint` (/nonexistent/run) names no checkpoint."),
+])
+def test_bad_settings_are_named(source, settings, message):
+  settings = dict(dict(checkpoint=source), **settings)
+  with pytest.raises(trainer.ConfigError) as raised:
+    warm_start.restore(_BackboneHead().build_model(),
+                       warm_start.WarmStartConfig(**settings))
+  assert str(raised.value) == message
+
+
+def test_a_shape_mismatch_names_the_variable(source):
+  with pytest.raises(trainer.ConfigError, match=r"variable head/bias has "
+                     r"shape \(3,\) in this model but \(1,\) in the "
+                     r"checkpoint\.$"):
+    warm_start.restore(_BackboneHead(head_units=3).build_model(),
+                       warm_start.WarmStartConfig(checkpoint=source))
+
+
+def test_variables_missing_from_the_checkpoint_are_named(source):
+  inputs = tf_keras.Input((4,))
+  hidden = tf_keras.layers.Dense(8, "tanh", name="backbone")(inputs)
+  hidden = tf_keras.layers.Dense(1, name="head")(hidden)
+  outputs = tf_keras.layers.Dense(2, name="extra")(hidden)
+  with pytest.raises(trainer.ConfigError) as raised:
+    warm_start.restore(tf_keras.Model(inputs, outputs),
+                       warm_start.WarmStartConfig(checkpoint=source))
+  assert str(raised.value) == (
+      f"warm start from {tf.train.latest_checkpoint(source)}: 2 variable(s) "
+      "of the whole model have no value there: extra/bias (2,), "
+      "extra/kernel (1, 2).")
+
+
+def test_modules_need_a_checkpoint():
+  with pytest.raises(trainer.ConfigError,
+                     match=r"^`warm_start.modules` needs `warm_start.check"):
+    warm_start.WarmStartConfig(modules=["backbone"])

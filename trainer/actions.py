@@ -1,0 +1,282 @@
+"""Actions run between loops: Orbit's `Action` protocol, a callable taking
+the loop's output (train actions) or the evaluation's results (eval actions).
+
+Best-checkpoint tracking reuses Orbit's `NewBestMetric` for the comparison;
+its own JSON file holds only the value, so the record here (step, value,
+files) is written next to the checkpoint it names, atomically. Early
+stopping has no Orbit counterpart. Both keep their state in `model_dir`, so a
+restarted run remembers the best so far and the evaluations without
+improvement.
+"""
+
+import dataclasses
+import glob
+import math
+import os
+from typing import Any, Callable, Dict, Optional
+
+from absl import logging
+import gin
+import orbit
+
+from trainer import errors
+from trainer import exports
+from trainer import files
+from trainer import summaries
+
+BEST_DIRECTORY = "best"
+BEST_RECORD = "best.json"
+EARLY_STOPPING_RECORD = "early_stopping.json"
+
+
+def _log(message: str) -> None:
+  logging.info(message)
+  print(message, flush=True)
+
+
+def _check_metric(name: str, metric: Optional[str],
+                  higher_is_better: Optional[bool]) -> None:
+  if metric is not None and not isinstance(higher_is_better, bool):
+    raise errors.ConfigError(
+        f"`{name}.higher_is_better` must be True or False for metric "
+        f"{metric!r}.")
+
+
+def _metric_value(name: str, metric: str, output: Dict[str, Any]) -> float:
+  if metric not in output:
+    raise errors.ConfigError(
+        f"`{name}.metric` ({metric!r}) is not an eval result; the results "
+        f"are: {', '.join(sorted(output))}.")
+  return float(output[metric])
+
+
+@gin.configurable("best_checkpoint")
+@dataclasses.dataclass(frozen=True)
+class BestCheckpointConfig:
+  """Keeping the best checkpoint, bound as `best_checkpoint.<name>`.
+
+  Attributes:
+    metric: The eval result to judge by (e.g. `accuracy`); None keeps no
+      best checkpoint.
+    higher_is_better: Whether a higher `metric` is better; required with it.
+  """
+  metric: Optional[str] = None
+  higher_is_better: Optional[bool] = None
+
+  def __post_init__(self):
+    _check_metric("best_checkpoint", self.metric, self.higher_is_better)
+
+
+class BestCheckpoint:
+  """Eval action: keeps the checkpoint with the best eval `metric`.
+
+  In `model_dir/best/`: `ckpt-<step>.*` (the whole training state at that
+  step), `best.json` (`step`, `metric`, `value`, `higher_is_better`,
+  `checkpoint`, `export`) and, with `export_fn`, `export/<step>/`. The new
+  checkpoint and export are written first, then the record, then the
+  previous best is removed: a crash leaves the old best or the new one.
+  """
+
+  def __init__(self, model_dir: str, config: BestCheckpointConfig,
+               step_fn: Callable[[], int],
+               save_fn: Callable[[str], None],
+               export_fn: Optional[Callable[[str], None]] = None):
+    """Reads the record of an earlier run, if any.
+
+    Args:
+      model_dir: The run's directory (`best/` goes inside).
+      config: The metric and its direction.
+      step_fn: Returns the step of the evaluated weights.
+      save_fn: Writes the evaluated state as a checkpoint at a prefix.
+      export_fn: Writes a SavedModel of the evaluated weights to a
+        directory; None for no export.
+    """
+    self.directory = os.path.join(model_dir, BEST_DIRECTORY)
+    self._config = config
+    self._step_fn = step_fn
+    self._save_fn = save_fn
+    self._export_fn = export_fn
+    self._best = orbit.actions.NewBestMetric(
+        config.metric, higher_is_better=config.higher_is_better)
+    files.remove_leftovers(self.directory)
+    self.record = files.read_json(os.path.join(self.directory, BEST_RECORD))
+    if self.record and (self.record["metric"], self.record[
+        "higher_is_better"]) == (config.metric, config.higher_is_better):
+      self._best.commit({config.metric: self.record["value"]})
+    elif self.record:
+      logging.warning("best_checkpoint: %s judged %s; starting over with %s",
+                      self.directory, self.record["metric"], config.metric)
+      self.record = None
+
+  def __call__(self, output: Dict[str, Any]) -> None:
+    value = _metric_value("best_checkpoint", self._config.metric, output)
+    if not self._best.test({self._config.metric: value}):
+      return
+    step = self._step_fn()
+    name = f"ckpt-{step}"
+    os.makedirs(self.directory, exist_ok=True)
+    self._save_fn(os.path.join(self.directory, name))
+    export = None
+    if self._export_fn is not None:
+      export = os.path.join("export", str(step))
+      self._export_fn(os.path.join(self.directory, export))
+    self.record = {"step": step, "metric": self._config.metric,
+                   "value": value,
+                   "higher_is_better": self._config.higher_is_better,
+                   "checkpoint": name, "export": export}
+    files.write_json(os.path.join(self.directory, BEST_RECORD), self.record)
+    self._best.commit({self._config.metric: value})
+    for path in glob.glob(os.path.join(self.directory, "ckpt-*")):
+      if not os.path.basename(path).startswith(name + "."):
+        os.remove(path)
+    exports.keep_newest(os.path.join(self.directory, "export"),
+                        1 if export else 0)
+    _log(f"best | step {step}: {self._config.metric} {value:.4f}, the best "
+         f"so far; kept in {self.directory}")
+
+
+@gin.configurable("early_stopping")
+@dataclasses.dataclass(frozen=True)
+class EarlyStoppingConfig:
+  """Stopping when an eval metric stops improving, bound as
+  `early_stopping.<name>`.
+
+  Attributes:
+    metric: The eval result to watch; None never stops early.
+    higher_is_better: Whether a higher `metric` is better; required with it.
+    patience: Stop after this many evaluations in a row without
+      improvement.
+    min_delta: The smallest change that counts as an improvement.
+  """
+  metric: Optional[str] = None
+  higher_is_better: Optional[bool] = None
+  patience: int = 5
+  min_delta: float = 0.0
+
+  def __post_init__(self):
+    _check_metric("early_stopping", self.metric, self.higher_is_better)
+    if not isinstance(self.patience, int) or self.patience < 1:
+      raise errors.ConfigError(
+          f"`early_stopping.patience` ({self.patience!r}) must be a positive "
+          "integer.")
+    if not isinstance(self.min_delta, (int, float)) or self.min_delta < 0:
+      raise errors.ConfigError(
+          f"`early_stopping.min_delta` ({self.min_delta!r}) must be >= 0.")
+
+
+class EarlyStopping:
+  """Eval action that decides when training should stop; also read by the
+  training loop through `stop_reason()`.
+
+  The state (best value and step, evaluations since) lives in
+  `model_dir/early_stopping.json`, written by whichever process evaluates:
+  the training process in `train_and_eval`, or a `continuous_eval` process
+  beside a `train` one, which then stops at its next loop. A restarted run
+  that had stopped stays stopped; raising `patience` lets it go on.
+  """
+
+  def __init__(self, model_dir: str, config: EarlyStoppingConfig,
+               step_fn: Callable[[], int]):
+    self._path = os.path.join(model_dir, EARLY_STOPPING_RECORD)
+    self._config = config
+    self._step_fn = step_fn
+    self._mtime = None
+    self.state = None
+    self._reload()
+
+  def _reload(self) -> None:
+    try:
+      mtime = os.stat(self._path).st_mtime_ns
+    except FileNotFoundError:
+      return
+    if mtime != self._mtime:
+      self._mtime = mtime
+      state = files.read_json(self._path)
+      if state and (state["metric"], state["higher_is_better"]) == (
+          self._config.metric, self._config.higher_is_better):
+        self.state = state
+
+  def _improves(self, value: float) -> bool:
+    if self.state is None:
+      return not math.isnan(value)
+    delta = value - self.state["best"]
+    if not self._config.higher_is_better:
+      delta = -delta
+    return delta > self._config.min_delta
+
+  def __call__(self, output: Dict[str, Any]) -> None:
+    value = _metric_value("early_stopping", self._config.metric, output)
+    self._reload()
+    step = self._step_fn()
+    if self._improves(value):
+      self.state = {"metric": self._config.metric,
+                    "higher_is_better": self._config.higher_is_better,
+                    "best": value, "best_step": step,
+                    "evaluations_since_best": 0}
+    elif self.state is not None:
+      self.state = dict(self.state, evaluations_since_best=self.state[
+          "evaluations_since_best"] + 1)
+    else:
+      return  # Nothing to compare with yet (a NaN first result).
+    self.state["last_step"] = step
+    files.write_json(self._path, self.state)
+    self._mtime = os.stat(self._path).st_mtime_ns
+    reason = self.stop_reason()
+    if reason:
+      _log(f"early stopping | {reason}")
+
+  def stop_reason(self) -> Optional[str]:
+    """Why training should stop now, or None to go on."""
+    self._reload()
+    if self.state is None or (self.state["evaluations_since_best"] <
+                              self._config.patience):
+      return None
+    return (f"{self._config.metric} has not improved on "
+            f"{self.state['best']:.4f} (step {self.state['best_step']}) for "
+            f"{self.state['evaluations_since_best']} evaluations (patience "
+            f"{self._config.patience})")
+
+
+class OperativeConfigWriter:
+  """Train action: saves the operative gin config once, after the first loop.
+
+  Gin only knows which parameters were used once the configurables ran.
+  """
+
+  def __init__(self, model_dir: str, writer: Optional[summaries.Writer]):
+    self._model_dir = model_dir
+    self._writer = writer
+    self._done = False
+
+  def __call__(self, unused_output) -> None:
+    if self._done:
+      return
+    self._done = True
+    path = summaries.write_operative_config(self._model_dir, self._writer,
+                                            step=0)
+    logging.info("wrote %s", path)
+
+
+class StatefulRandomCheck:
+  """Train action: after the first loop, warns about stateful random ops.
+
+  Only with `runtime.deterministic`, where the user asked for exactness.
+  """
+
+  def __init__(self, find_ops: Callable[[], list], enabled: bool):
+    self._find_ops = find_ops
+    self._done = not enabled
+
+  def __call__(self, unused_output) -> None:
+    if self._done:
+      return
+    self._done = True
+    found = self._find_ops()
+    if found:
+      message = (
+          "runtime.deterministic: the train step uses stateful random ops "
+          f"({', '.join(found[:3])}{', ...' if len(found) > 3 else ''}); "
+          "their state is not checkpointed, so a resumed run will differ. "
+          "Use tf.random.stateless_* ops seeded from the step.")
+      logging.warning(message)
+      print(f"warning | {message}", flush=True)

@@ -1,0 +1,190 @@
+"""`TrainerConfig`: the loop's settings, bound in gin as `trainer.<name>`.
+
+The features around the loop have small configurables of their own, each
+bound under its own name and held here as one field: `optimizer.*`,
+`learning_rate.*`, `ema.*` (`trainer.optimization`), `warm_start.*`
+(`trainer.warm_start`), `export.*` (`trainer.exports`), `best_checkpoint.*`
+and `early_stopping.*` (`trainer.actions`). Every value is checked when the
+configuration is built, before TensorFlow starts.
+"""
+
+import dataclasses
+from typing import Optional, Tuple
+
+import gin
+
+from trainer import actions
+from trainer import errors
+from trainer import exports
+from trainer import optimization
+from trainer import profiler
+from trainer import scaling
+from trainer import warm_start as warm_start_lib
+
+NONFINITE_POLICIES = ("stop", "rollback")
+
+
+def _bound(configurable):
+  """A field built by calling `configurable`, which applies its bindings."""
+  return dataclasses.field(default_factory=configurable)
+
+
+@gin.configurable("trainer")
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+  """Loop, evaluation and checkpoint settings, bound as `trainer.<name>`.
+
+  Attributes:
+    train_steps: Train until the global step reaches this.
+    steps_per_loop: Steps run inside one `tf.function` call; progress is
+      reported once per loop.
+    global_batch_size: Training examples per step over all replicas (and
+      micro-batches): what one optimizer update sees.
+    eval_batch_size: Evaluation examples per step over all replicas.
+    validation_steps: Eval batches per evaluation; -1 is one full pass over
+      the eval split, partial last batch included.
+    validation_interval: Evaluate at every multiple of this step in
+      `train_and_eval`; 0 evaluates only at the end.
+    checkpoint_interval: Save when the step reaches a multiple of this; a
+      checkpoint is always saved when training ends.
+    summary_interval: Write train summaries every this many steps; a multiple
+      of `steps_per_loop`. The learning rate is written every loop.
+    max_to_keep: Newest checkpoints kept.
+    keep_until_evaluated: Delete a checkpoint beyond `max_to_keep` only once
+      a `continuous_eval` process has evaluated it (it records the steps it
+      evaluated in `model_dir/eval/evaluated.json`).
+    continuous_eval_timeout: `continuous_eval` gives up after waiting this
+      many seconds for a new checkpoint.
+    gradient_accumulation_steps: Micro-batches per step: each replica's
+      slice of the global batch is cut into this many, and their gradients
+      are summed before one update (same update, less memory).
+    gradient_clip_norm: Clip the gradients (summed over replicas and
+      micro-batches) to this global norm; None for no clipping.
+    gradient_clip_value: Clip each gradient element to [-v, v]; None for no
+      clipping.
+    batch_scaling: None, `keep_global_batch` or `keep_per_replica_batch`:
+      how batch sizes and the learning rate follow a replica count other
+      than `reference_replicas` (see `trainer.scaling`).
+    reference_replicas: The replica count the batch sizes are written for.
+    on_nonfinite: What a non-finite training loss does: "stop" ends the run
+      with an error naming the step; "rollback" restores the newest
+      checkpoint and skips the batch of that step.
+    max_rollbacks: With "rollback", stop anyway after this many.
+    preemption_exit_code: Exit code after SIGTERM/SIGINT, once a checkpoint
+      at the step reached is saved; tells a launcher to restart the job.
+    profile_steps: `(start, end)`: trace the steps from global step `start`
+      to `end` with the TensorFlow profiler into `model_dir/train`; None for
+      no trace.
+    optimizer: `optimizer.*`.
+    learning_rate: `learning_rate.*`.
+    ema: `ema.*`.
+    warm_start: `warm_start.*`.
+    export: `export.*`.
+    best_checkpoint: `best_checkpoint.*`.
+    early_stopping: `early_stopping.*`.
+  """
+  train_steps: int = 1000
+  steps_per_loop: int = 100
+  global_batch_size: int = 64
+  eval_batch_size: int = 256
+  validation_steps: int = -1
+  validation_interval: int = 0
+  checkpoint_interval: int = 1000
+  summary_interval: int = 100
+  max_to_keep: int = 5
+  keep_until_evaluated: bool = False
+  continuous_eval_timeout: float = 3600.0
+  gradient_accumulation_steps: int = 1
+  gradient_clip_norm: Optional[float] = None
+  gradient_clip_value: Optional[float] = None
+  batch_scaling: Optional[str] = None
+  reference_replicas: int = 1
+  on_nonfinite: str = "stop"
+  max_rollbacks: int = 3
+  preemption_exit_code: int = 42
+  profile_steps: Optional[Tuple[int, int]] = None
+  optimizer: optimization.OptimizerConfig = _bound(
+      optimization.OptimizerConfig)
+  learning_rate: optimization.ScheduleConfig = _bound(
+      optimization.ScheduleConfig)
+  ema: optimization.EmaConfig = _bound(optimization.EmaConfig)
+  warm_start: warm_start_lib.WarmStartConfig = _bound(
+      warm_start_lib.WarmStartConfig)
+  export: exports.ExportConfig = _bound(exports.ExportConfig)
+  best_checkpoint: actions.BestCheckpointConfig = _bound(
+      actions.BestCheckpointConfig)
+  early_stopping: actions.EarlyStoppingConfig = _bound(
+      actions.EarlyStoppingConfig)
+
+  def __post_init__(self):
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if field.type is int and (not isinstance(value, int) or
+                                isinstance(value, bool)):
+        raise errors.ConfigError(
+            f"`trainer.{field.name}` ({value!r}) must be an integer.")
+      if field.type is bool and not isinstance(value, bool):
+        raise errors.ConfigError(
+            f"`trainer.{field.name}` ({value!r}) must be True or False.")
+    positive = ("train_steps", "steps_per_loop", "global_batch_size",
+                "eval_batch_size", "checkpoint_interval", "summary_interval",
+                "max_to_keep", "gradient_accumulation_steps")
+    for name in positive:
+      if getattr(self, name) < 1:
+        raise errors.ConfigError(
+            f"`trainer.{name}` ({getattr(self, name)}) must be positive.")
+    if self.validation_steps == 0 or self.validation_steps < -1:
+      raise errors.ConfigError(
+          f"`trainer.validation_steps` ({self.validation_steps}) must be "
+          "positive, or -1 for a full pass.")
+    if self.validation_interval < 0:
+      raise errors.ConfigError("`trainer.validation_interval` "
+                               f"({self.validation_interval}) must be >= 0.")
+    for name in ("summary_interval", "checkpoint_interval",
+                 "validation_interval"):
+      # Summaries, saves and evaluations happen between loops only.
+      if getattr(self, name) % self.steps_per_loop:
+        raise errors.ConfigError(
+            f"`trainer.{name}` ({getattr(self, name)}) must be a multiple of "
+            f"`trainer.steps_per_loop` ({self.steps_per_loop}).")
+    for name in ("gradient_clip_norm", "gradient_clip_value"):
+      value = getattr(self, name)
+      if value is not None and (not isinstance(value, (int, float)) or
+                                isinstance(value, bool) or value <= 0):
+        raise errors.ConfigError(
+            f"`trainer.{name}` ({value!r}) must be a positive number or "
+            "None.")
+    if self.on_nonfinite not in NONFINITE_POLICIES:
+      raise errors.ConfigError(
+          f"`trainer.on_nonfinite` ({self.on_nonfinite!r}) must be one of: "
+          f"{', '.join(NONFINITE_POLICIES)}.")
+    if self.max_rollbacks < 0:
+      raise errors.ConfigError(
+          f"`trainer.max_rollbacks` ({self.max_rollbacks}) must be >= 0.")
+    if not 1 <= self.preemption_exit_code <= 255:
+      raise errors.ConfigError(
+          f"`trainer.preemption_exit_code` ({self.preemption_exit_code}) "
+          "must be in [1, 255]: 0 tells a scheduler the job finished.")
+    if self.batch_scaling is not None and (
+        self.batch_scaling not in scaling.RULES):
+      raise errors.ConfigError(
+          f"`trainer.batch_scaling` ({self.batch_scaling!r}) must be None or "
+          f"one of: {', '.join(scaling.RULES)}.")
+    if self.reference_replicas < 1:
+      raise errors.ConfigError(
+          f"`trainer.reference_replicas` ({self.reference_replicas}) must be "
+          "positive.")
+    if (not isinstance(self.continuous_eval_timeout, (int, float)) or
+        self.continuous_eval_timeout <= 0):
+      raise errors.ConfigError(
+          "`trainer.continuous_eval_timeout` "
+          f"({self.continuous_eval_timeout!r}) must be positive.")
+    problem = profiler.check_steps(self.profile_steps)
+    if problem:
+      raise errors.ConfigError(problem)
+    if self.profile_steps is not None:
+      object.__setattr__(self, "profile_steps", tuple(self.profile_steps))
+    if self.export.best and self.best_checkpoint.metric is None:
+      raise errors.ConfigError(
+          "`export.best` needs `best_checkpoint.metric`: it exports each new "
+          "best checkpoint.")

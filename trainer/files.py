@@ -1,0 +1,79 @@
+"""Atomic writes: a reader (or a crash) sees the old content or the new one.
+
+Everything the framework writes besides checkpoints goes through here: the
+operative config, JSON records (best checkpoint, early stopping, evaluated
+checkpoints) and SavedModel exports. Checkpoints are written atomically by
+TensorFlow itself (a `_temp` folder renamed when complete).
+"""
+
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from typing import Any, Callable, Optional
+
+
+def write_text(path: str, text: str) -> None:
+  """Writes `text` to `path` through a temporary file and a rename."""
+  directory = os.path.dirname(path) or "."
+  os.makedirs(directory, exist_ok=True)
+  with tempfile.NamedTemporaryFile("w", dir=directory, delete=False,
+                                   prefix=".tmp-", suffix=".part") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(f.name, path)
+
+
+def write_json(path: str, value: Any) -> None:
+  """Writes `value` as indented JSON, atomically."""
+  write_text(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: str) -> Optional[Any]:
+  """Returns the JSON value in `path`, or None if there is no such file."""
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except FileNotFoundError:
+    return None
+
+
+def write_directory(path: str, fill: Callable[[str], None]) -> None:
+  """Creates directory `path` whole: `fill(tmp)` writes a temporary sibling,
+  which is then renamed to `path` (replacing an older `path`).
+
+  If `fill` fails, the temporary directory is removed and `path` is left
+  as it was.
+  """
+  parent = os.path.dirname(path) or "."
+  os.makedirs(parent, exist_ok=True)
+  temporary = os.path.join(
+      parent, f".tmp-{os.path.basename(path)}-{uuid.uuid4().hex[:8]}")
+  try:
+    fill(temporary)
+    if os.path.isdir(path):
+      # Rename the old one away first: `os.replace` cannot replace a
+      # non-empty directory.
+      stale = temporary + ".old"
+      os.replace(path, stale)
+      os.replace(temporary, path)
+      shutil.rmtree(stale, ignore_errors=True)
+    else:
+      os.replace(temporary, path)
+  finally:
+    shutil.rmtree(temporary, ignore_errors=True)
+
+
+def remove_leftovers(directory: str) -> None:
+  """Removes `.tmp-*` files and folders of writes that were interrupted."""
+  if not os.path.isdir(directory):
+    return
+  for name in os.listdir(directory):
+    if name.startswith(".tmp-"):
+      path = os.path.join(directory, name)
+      if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+      else:
+        os.remove(path)

@@ -1,0 +1,175 @@
+"""The default training step's gradient path, one replica at a time.
+
+`Task.train_step` runs `accumulate` (the forward and backward pass over
+`accumulation_steps` micro-batches of the replica's slice), then
+`clip_and_apply`: `sum_over_replicas` (one all-reduce), `clip`, and
+`apply_gradients` with `experimental_aggregate_gradients=False`. Summing here
+rather than inside `apply_gradients` costs the same single all-reduce and
+lets the global norm and the clipping see the gradient of the whole global
+batch, identical on every replica, whatever the replica count.
+"""
+
+import dataclasses
+from typing import Any, Callable, List, Optional, Tuple
+
+import tensorflow as tf
+
+# (inputs, model, optimizer) -> (loss, gradients, model outputs).
+GradientFn = Callable[..., Tuple[tf.Tensor, List[Optional[tf.Tensor]], Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOptions:
+  """How the default `Task.train_step` turns a batch into an update.
+
+  Attributes:
+    accumulation_steps: Micro-batches per step; the replica's slice of the
+      global batch is cut into this many, one forward and backward pass each.
+    clip_norm: Clip the summed gradients to this global norm; None for no
+      clipping.
+    clip_value: Clip every summed gradient element to [-v, v]; None for no
+      clipping.
+    gradient_fn: Stands in for `Task.compute_gradients` (the framework passes
+      an XLA-compiled one under `runtime.enable_xla` on several replicas).
+  """
+  accumulation_steps: int = 1
+  clip_norm: Optional[float] = None
+  clip_value: Optional[float] = None
+  gradient_fn: Optional[GradientFn] = None
+
+
+def micro_batch(inputs, index, num_micro_batches: int):
+  """Returns micro-batch `index` of `num_micro_batches` equal parts."""
+  if num_micro_batches == 1:
+    return inputs
+
+  def part(tensor):
+    size = tf.shape(tensor)[0] // num_micro_batches
+    return tensor[index * size:(index + 1) * size]
+
+  return tf.nest.map_structure(part, inputs)
+
+
+def accumulate(gradient_fn: GradientFn, inputs, model, optimizer,
+               num_micro_batches: int,
+               on_outputs: Callable[[Any, Any], None]
+               ) -> Tuple[tf.Tensor, List[Optional[tf.Tensor]]]:
+  """Runs `gradient_fn` on each micro-batch; sums losses and gradients.
+
+  Each micro-batch's loss is its share of the global mean over the
+  micro-batch's global size; dividing the sums by `num_micro_batches` makes
+  them shares of the mean over the whole global batch, so K micro-batches of
+  B examples give the update of one batch of K * B.
+
+  Args:
+    gradient_fn: `(inputs, model, optimizer) -> (loss, gradients, outputs)`.
+    inputs: This replica's slice of the global batch.
+    model: The model.
+    optimizer: Passed to `gradient_fn` (for loss scaling).
+    num_micro_batches: How many parts to cut `inputs` into.
+    on_outputs: Called with each micro-batch and its model outputs (metrics).
+
+  Returns:
+    `(loss, gradients)`, gradients None for variables the loss ignores.
+  """
+  first = micro_batch(inputs, 0, num_micro_batches)
+  loss, grads, outputs = gradient_fn(first, model, optimizer)
+  on_outputs(first, outputs)
+  if num_micro_batches == 1:
+    return loss, list(grads)
+  used = [i for i, g in enumerate(grads) if g is not None]
+  # A while-loop keeps one copy of the forward and backward pass in the
+  # graph whatever the number of micro-batches; it carries dense tensors.
+  carried = [tf.convert_to_tensor(grads[i]) for i in used]
+
+  def body(index, loss_sum, grad_sums):
+    batch = micro_batch(inputs, index, num_micro_batches)
+    loss, grads, outputs = gradient_fn(batch, model, optimizer)
+    on_outputs(batch, outputs)
+    return (index + 1, loss_sum + loss,
+            [total + tf.convert_to_tensor(grads[i])
+             for total, i in zip(grad_sums, used)])
+
+  _, loss, carried = tf.while_loop(
+      lambda index, *_: index < num_micro_batches, body,
+      (tf.constant(1), loss, carried))
+  scale = 1.0 / num_micro_batches
+  summed = [None] * len(grads)
+  for i, total in zip(used, carried):
+    summed[i] = total * tf.cast(scale, total.dtype)
+  return loss * scale, summed
+
+
+def sum_over_replicas(grads: List[Optional[tf.Tensor]]
+                      ) -> List[Optional[tf.Tensor]]:
+  """Sums each gradient over the replicas in sync (in replica context)."""
+  if tf.distribute.get_strategy().num_replicas_in_sync == 1:
+    return grads
+  used = [i for i, g in enumerate(grads) if g is not None]
+  summed = tf.distribute.get_replica_context().all_reduce(
+      tf.distribute.ReduceOp.SUM, [grads[i] for i in used])
+  result = [None] * len(grads)
+  for i, grad in zip(used, summed):
+    result[i] = grad
+  return result
+
+
+def _optimizer_must_aggregate() -> bool:
+  """Whether the optimizer must sum the gradients itself.
+
+  tf_keras' legacy optimizers refuse gradients summed beforehand under
+  these strategies (`experimental_aggregate_gradients=False` raises).
+  """
+  return isinstance(tf.distribute.get_strategy(), (
+      tf.distribute.experimental.ParameterServerStrategy,
+      tf.distribute.experimental.CentralStorageStrategy,
+      tf.compat.v1.distribute.experimental.ParameterServerStrategy,
+      tf.compat.v1.distribute.experimental.CentralStorageStrategy))
+
+
+def clip_and_apply(optimizer, grads: List[Optional[tf.Tensor]], variables,
+                   options: StepOptions) -> tf.Tensor:
+  """Sums `grads` over replicas, clips them and applies them.
+
+  Where the optimizer must sum the gradients itself (parameter servers,
+  central storage), the summed gradients only give the norm; the clipping
+  factor is applied to each replica's gradients, which is the same for the
+  global norm (a common factor), and per replica for `clip_value`.
+
+  Returns:
+    The global norm of the summed gradients before clipping.
+  """
+  if _optimizer_must_aggregate():
+    norm = global_norm(sum_over_replicas(grads))
+    optimizer.apply_gradients(zip(clip(grads, norm, options), variables))
+    return norm
+  grads = sum_over_replicas(grads)
+  norm = global_norm(grads)
+  optimizer.apply_gradients(zip(clip(grads, norm, options), variables),
+                            experimental_aggregate_gradients=False)
+  return norm
+
+
+def global_norm(grads: List[Optional[tf.Tensor]]) -> tf.Tensor:
+  """Returns the float32 global norm of the gradients that exist."""
+  present = [tf.cast(g, tf.float32) for g in grads if g is not None]
+  return tf.linalg.global_norm(present) if present else tf.constant(0.0)
+
+
+def clip(grads: List[Optional[tf.Tensor]], norm: tf.Tensor,
+         options: StepOptions) -> List[Optional[tf.Tensor]]:
+  """Clips by global norm (given, computed before) and then by value."""
+  if options.clip_norm is not None:
+    # As `tf.clip_by_global_norm`, with the norm already at hand: a
+    # non-finite norm makes every gradient NaN, so the step is still seen as
+    # non-finite (by the guard, or by dynamic loss scaling, which skips it).
+    factor = tf.where(tf.math.is_finite(norm),
+                      options.clip_norm / tf.maximum(norm, options.clip_norm),
+                      float("nan"))
+    grads = [None if g is None else g * tf.cast(factor, g.dtype)
+             for g in grads]
+  if options.clip_value is not None:
+    grads = [None if g is None else
+             tf.clip_by_value(g, -options.clip_value, options.clip_value)
+             for g in grads]
+  return grads

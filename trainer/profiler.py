@@ -1,0 +1,74 @@
+"""Profiling a window of training steps with the TensorFlow profiler.
+
+`trainer.profile_steps = (start, end)` traces the steps taken while the
+global step goes from `start` to `end` into `model_dir/train`, where
+TensorBoard's Profile tab finds it (`plugins/profile/<run>/`). The controller
+cuts its loops at the window's edges so the trace holds exactly those steps.
+A profiler that cannot start (another one running) is logged, not raised:
+profiling is optional.
+"""
+
+from typing import Optional, Tuple
+
+from absl import logging
+import tensorflow as tf
+
+
+class ProfileWindow:
+  """Starts and stops the profiler around a window of steps."""
+
+  def __init__(self, steps: Tuple[int, int], logdir: str):
+    self.start, self.end = steps
+    self._logdir = logdir
+    self._running = False
+    self.traced = False  # Whether a trace was written.
+
+  def clip(self, step: int, num_steps: int) -> int:
+    """Shortens a loop starting at `step` so it ends at the window's edges."""
+    for edge in (self.start, self.end):
+      if step < edge < step + num_steps:
+        return edge - step
+    return num_steps
+
+  def before_loop(self, step: int) -> None:
+    """Starts tracing if the loop from `step` is inside the window."""
+    if self._running or self.traced or not self.start <= step < self.end:
+      return
+    try:
+      tf.profiler.experimental.start(self._logdir)
+      self._running = True
+      logging.info("profiling from step %d to %d into %s", step, self.end,
+                   self._logdir)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("the profiler did not start: %s", e)
+      self.traced = True  # Do not try again.
+
+  def after_loop(self, step: int) -> None:
+    """Stops tracing once `step` reaches the window's end."""
+    if self._running and step >= self.end:
+      self.stop(step)
+
+  def stop(self, step: int) -> None:
+    """Stops tracing at `step` (the window's end, or where training ended)."""
+    if not self._running:
+      return
+    self._running = False
+    try:
+      tf.profiler.experimental.stop()
+      self.traced = True
+      print(f"profile | steps {self.start} to {min(step, self.end)} traced "
+            f"into {self._logdir}", flush=True)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("the profiler did not stop cleanly: %s", e)
+
+
+def check_steps(steps: Optional[Tuple[int, int]]) -> Optional[str]:
+  """Returns what is wrong with a `trainer.profile_steps` value, or None."""
+  if steps is None:
+    return None
+  if (not isinstance(steps, (tuple, list)) or len(steps) != 2 or
+      not all(isinstance(s, int) and not isinstance(s, bool) for s in steps)
+      or not 0 <= steps[0] < steps[1]):
+    return (f"`trainer.profile_steps` ({steps!r}) must be (start, end) with "
+            "0 <= start < end.")
+  return None

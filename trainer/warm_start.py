@@ -1,0 +1,161 @@
+"""Warm start: initialise a new run's model, or parts of it, from a checkpoint.
+
+Bound as `warm_start.<name>` and applied by `Task.initialize`, which the
+framework calls only when `model_dir` has no checkpoint yet (a restarted run
+resumes from its own checkpoint instead). Sub-modules are matched the way
+TensorFlow 2 checkpoints are organised, by their path in the object graph
+(attribute names, and the `layer_with_weights-N` slots of functional and
+Sequential models), as Model Garden's `init_checkpoint_modules` does.
+"""
+
+import dataclasses
+import os
+import re
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from absl import logging
+import gin
+import tensorflow as tf
+import tf_keras
+
+from trainer import checkpoints
+from trainer import errors
+
+_VARIABLE = re.compile(r"<tf\.Variable '([^']+?)(?::\d+)?' shape=(\([^)]*\))")
+
+
+@gin.configurable("warm_start")
+@dataclasses.dataclass(frozen=True)
+class WarmStartConfig:
+  """Where a new run's weights come from, bound as `warm_start.<name>`.
+
+  Attributes:
+    checkpoint: A checkpoint prefix (`.../ckpt-1000`) or a directory (its
+      newest checkpoint); None starts from the model's initialisers.
+    modules: What to take from it: empty for the whole model, or sub-modules
+      by attribute path (`backbone`, `backbone.stem`) or layer name; the
+      other weights keep their initial values.
+    checkpoint_key: The model's name in the checkpoint: `model` in this
+      framework's and Model Garden's checkpoints, '' in one written by
+      `model.save_weights`.
+  """
+  checkpoint: Optional[str] = None
+  modules: Sequence[str] = ()
+  checkpoint_key: str = "model"
+
+  def __post_init__(self):
+    object.__setattr__(self, "modules", tuple(self.modules))
+    if self.modules and self.checkpoint is None:
+      raise errors.ConfigError(
+          "`warm_start.modules` needs `warm_start.checkpoint`.")
+
+
+def resolve_checkpoint(path: str) -> str:
+  """Returns the checkpoint prefix `path` names (a directory: its newest).
+
+  Raises:
+    errors.ConfigError: If there is no checkpoint there.
+  """
+  prefix = tf.train.latest_checkpoint(path) if os.path.isdir(path) else path
+  if prefix is None or not tf.io.gfile.exists(prefix + ".index"):
+    raise errors.ConfigError(
+        f"`warm_start.checkpoint` ({path}) names no checkpoint.")
+  return prefix
+
+
+def _children(obj) -> Dict[str, object]:
+  return tf.train.TrackableView(obj).children(obj)
+
+
+def _find(model: tf_keras.Model, module: str) -> Tuple[List[str], object]:
+  """Returns the object-graph path (dependency names) of `module`.
+
+  Each dot-separated part is an attribute (a dependency name) or the name of
+  a layer among the children.
+  """
+  obj, path = model, []
+  for part in module.split("."):
+    children = _children(obj)
+    if part in children:
+      key = part
+    else:
+      keys = [key for key, child in children.items()
+              if getattr(child, "name", None) == part]
+      if not keys:
+        names = sorted({getattr(child, "name", key)
+                        for key, child in children.items()
+                        if isinstance(child, tf_keras.layers.Layer) and
+                        child.weights})
+        raise errors.ConfigError(
+            f"`warm_start.modules`: {module!r} names nothing in the model "
+            f"(at {part!r}; layers with weights there: "
+            f"{', '.join(names) or 'none'}).")
+      key = keys[0]
+    obj = children[key]
+    path.append(key)
+  return path, obj
+
+
+def _partial_graph(model: tf_keras.Model, modules: Sequence[str]):
+  """Returns a trackable holding only `modules`, at their usual paths."""
+  if not modules:
+    return model
+  tree = {}
+  for module in modules:
+    path, obj = _find(model, module)
+    node = tree
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = obj
+
+  def build(node):
+    return tf.train.Checkpoint(**{
+        key: build(value) if isinstance(value, dict) else value
+        for key, value in node.items()})
+
+  return build(tree)
+
+
+def _unmatched_variables(error: AssertionError) -> List[str]:
+  return sorted(f"{name} {shape}"
+                for name, shape in _VARIABLE.findall(str(error)))
+
+
+def restore(model: tf_keras.Model, config: WarmStartConfig) -> Optional[str]:
+  """Loads `config.modules` of `model` (all of it if none) from a checkpoint.
+
+  Returns:
+    The checkpoint prefix read, or None when no warm start is configured.
+
+  Raises:
+    errors.ConfigError: If the checkpoint is missing, a module is not in the
+      model, or a variable has no value or another shape in the checkpoint
+      (each is named).
+  """
+  if config.checkpoint is None:
+    return None
+  prefix = resolve_checkpoint(config.checkpoint)
+  part = _partial_graph(model, config.modules)
+  root = (tf.train.Checkpoint(**{config.checkpoint_key: part})
+          if config.checkpoint_key else part)
+  what = ", ".join(config.modules) or "the whole model"
+  try:
+    status = root.read(prefix)
+    status.expect_partial()  # The optimizer and the rest are not wanted.
+    status.assert_existing_objects_matched()
+  except AssertionError as e:
+    missing = _unmatched_variables(e)
+    raise errors.ConfigError(
+        f"warm start from {prefix}: {len(missing)} variable(s) of {what} "
+        f"have no value there: {', '.join(missing[:5])}"
+        f"{', ...' if len(missing) > 5 else ''}.") from e
+  except ValueError as e:
+    mismatch = checkpoints.shape_mismatch(e)
+    if not mismatch:
+      raise
+    raise errors.ConfigError(
+        f"warm start from {prefix}: {mismatch}.") from e
+  message = f"warm start | {what} from {prefix}"
+  logging.info(message)
+  print(message, flush=True)
+  return prefix
