@@ -178,11 +178,14 @@ def test_a_confusion_matrix_over_the_whole_eval_set(tmp_path):
   assert output["accuracy"] > 0.5
 
 
-def test_evaluation_uses_the_ema_weights(tmp_path):
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_evaluation_uses_the_ema_weights(tmp_path, strategy):
   task = helpers.ConfiguredRegression()
   sgd = optimization.OptimizerConfig(name="sgd", learning_rate=0.1)
   ema = optimization.EmaConfig(decay=0.9)
-  runtime = trainer.RuntimeConfig(seed=0)
+  runtime = trainer.RuntimeConfig(
+      distribution_strategy=strategy, seed=0,
+      num_cpu_devices=2 if strategy == "mirrored" else 0)
   output = experiment.run(task, "train_and_eval", str(tmp_path), runtime,
                           _config(optimizer=sgd, ema=ema))
   # The same checkpoint evaluated again, in eval mode (which builds the
