@@ -14,6 +14,9 @@ import trainer  # noqa: E402,F401  Sets TF_USE_LEGACY_KERAS before TF loads.
 import gin  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
+# pylint: disable-next=g-direct-tensorflow-import
+from tensorflow.python.framework import config as framework_config  # noqa
+
 import tf_keras  # noqa: E402
 
 NUM_CPU_DEVICES = 2
@@ -24,8 +27,11 @@ tf.config.set_logical_device_configuration(
 
 @pytest.fixture(autouse=True)
 def clean_global_state():
-  """Clears gin bindings and the mixed-precision policy around each test."""
+  """Clears gin bindings, the mixed-precision policy and op determinism
+  (which `runtime.deterministic` turns on for the process) around each
+  test."""
   gin.clear_config(clear_constants=True)
   yield
   gin.clear_config(clear_constants=True)
   tf_keras.mixed_precision.set_global_policy("float32")
+  framework_config.disable_op_determinism()

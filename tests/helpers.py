@@ -157,32 +157,6 @@ def free_ports(count: int) -> List[int]:
   return ports
 
 
-def write_fake_mnist(data_dir: str, num_train: int = 64, num_test: int = 32,
-                     seed: int = 0) -> None:
-  """Writes random MNIST-shaped images as the real tfds `mnist`, on disk.
-
-  Unlike `tfds.testing.mock_data`, which makes up examples in memory, these
-  are TFRecord files that `tfds.load("mnist", data_dir=...)` reads through
-  its real reader (one file per split, as the real MNIST).
-  """
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  rng = np.random.RandomState(seed)
-
-  def split(count):
-    return tf.data.Dataset.from_tensor_slices({
-        "image": rng.randint(0, 256, (count, 28, 28, 1)).astype(np.uint8),
-        "label": rng.randint(0, 10, count).astype(np.int64)})
-
-  tfds.dataset_builders.TfDataBuilder(
-      name="mnist", version=str(tfds.builder_cls("mnist").VERSION),
-      data_dir=data_dir,
-      split_datasets={"train": split(num_train), "test": split(num_test)},
-      features=tfds.features.FeaturesDict({
-          "image": tfds.features.Image(shape=(28, 28, 1)),
-          "label": tfds.features.ClassLabel(num_classes=10)}),
-  ).download_and_prepare()
-
-
 class TrainProcess:
   """`python train.py ARGS` in the background, its stdout read as it comes.
 

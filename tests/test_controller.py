@@ -3,12 +3,14 @@ cadence, restore."""
 
 import os
 import re
+import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import trainer
+from tasks import digits
 from trainer import experiment
 
 import helpers
@@ -192,3 +194,44 @@ def test_an_infinite_gradient_stops_at_its_own_step(tmp_path):
                               summary_interval=100, checkpoint_interval=100,
                               global_batch_size=32))
   assert raised.value.step == 37
+
+
+class _SlowInput(helpers.LinearRegression):
+  """Each example takes 2 ms to produce, one at a time: ~64 ms a batch,
+  against well under a millisecond of training."""
+
+  def build_inputs(self, training, input_context=None):
+    def slow(x, y):
+      time.sleep(0.002)
+      return x, y
+
+    return super().build_inputs(training, input_context).map(
+        lambda x, y: tf.numpy_function(slow, [x, y], [tf.float32, tf.float32],
+                                       stateful=False),
+        num_parallel_calls=1).map(
+            lambda x, y: (tf.ensure_shape(x, [4]), tf.ensure_shape(y, [1])))
+
+
+def _input_wait(model_dir, task, capsys):
+  experiment.run(task, "train", str(model_dir), trainer.RuntimeConfig(seed=0),
+                 trainer.TrainerConfig(train_steps=20, steps_per_loop=10,
+                                       summary_interval=10,
+                                       checkpoint_interval=20,
+                                       global_batch_size=32))
+  fractions = helpers.read_scalars(str(model_dir / "train"))[
+      "input_wait_fraction"]
+  return [value for _, value in fractions], capsys.readouterr().out
+
+
+def test_input_bound_training_is_measured_and_reported(tmp_path, capsys):
+  slow, out = _input_wait(tmp_path / "slow", _SlowInput(), capsys)
+  # The first window also holds the tracing of the loop.
+  assert len(slow) == 2 and slow[0] > 0.2 and slow[1] > 0.8
+  assert ("warning | input-bound: the steps to 10 waited for the input "
+          "pipeline") in out
+  # Digits' in-memory pipeline keeps ahead of its CNN (a linear model's
+  # steps are as short as a batch's preparation: no use here).
+  fast, out = _input_wait(tmp_path / "fast", digits.DigitsClassification(),
+                          capsys)
+  assert all(fraction < 0.2 for fraction in fast), fast
+  assert "input-bound" not in out

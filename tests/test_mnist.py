@@ -6,6 +6,7 @@ import os
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from tasks import fake_data
 from tasks import mnist
 from trainer import cli
 from trainer import experiment
@@ -47,16 +48,17 @@ def test_mnist_gin_trains_and_evaluates_on_mock_data(tmp_path):
 def test_input_pipelines_read_disjoint_parts_of_a_one_file_split(tmp_path):
   # tfds refuses to shard MNIST's single train file over two pipelines;
   # the task falls back to example-level subsplits.
-  helpers.write_fake_mnist(str(tmp_path), num_train=40)
-  task = mnist.MnistClassification(data_dir=str(tmp_path), shuffle_buffer=1)
-  shards = []
-  for index in range(2):
-    context = tf.distribute.InputContext(num_input_pipelines=2,
-                                         input_pipeline_id=index)
-    shards.append([image.numpy().tobytes()
-                   for image, _ in task.build_inputs(True, context)])
-  everything = [image.numpy().tobytes()
-                for image, _ in task.build_inputs(True, None)]
+  fake_data.write("mnist", str(tmp_path), {"train": 40, "test": 8})
+  task = mnist.MnistClassification(data_dir=str(tmp_path))
+
+  def images(context):
+    indices = list(task.build_inputs(True, context).as_numpy_iterator())
+    return [image.tobytes() for image in task.gather(indices, True)[0].numpy()]
+
+  shards = [images(tf.distribute.InputContext(num_input_pipelines=2,
+                                              input_pipeline_id=index))
+            for index in range(2)]
+  everything = images(None)
   assert [len(shard) for shard in shards] == [20, 20]
   assert not set(shards[0]) & set(shards[1])
   assert sorted(shards[0] + shards[1]) == sorted(everything)
@@ -64,7 +66,7 @@ def test_input_pipelines_read_disjoint_parts_of_a_one_file_split(tmp_path):
 
 def test_mnist_trains_from_tfrecord_files_on_two_replicas(tmp_path):
   data_dir = str(tmp_path / "data")
-  helpers.write_fake_mnist(data_dir, num_train=64, num_test=32)
+  fake_data.write("mnist", data_dir, {"train": 64, "test": 32})
   task, runtime, config = cli.load_config(
       ["gin/mnist.gin", "gin/runtime/cpu_mirrored.gin"],
       [f"MnistClassification.data_dir='{data_dir}'",

@@ -17,7 +17,7 @@ import os
 import re
 import sys
 import tempfile
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from absl import app
 from absl import flags
@@ -182,9 +182,10 @@ def _quiet_teardown() -> None:
   gc.collect()
 
 
-def _fail(message: str, exit_code: int = USAGE_EXIT_CODE) -> None:
+def _fail(message: str, exit_code: int = USAGE_EXIT_CODE,
+          program: str = "train.py") -> None:
   """Prints the error line last on stderr and exits with `exit_code`."""
-  print(f"train.py: error: {message}", file=sys.stderr, flush=True)
+  print(f"{program}: error: {message}", file=sys.stderr, flush=True)
   # TensorFlow's C++ threads may still log while the process winds down (a
   # peer's collective failing, say); the error line stays the last one.
   devnull = os.open(os.devnull, os.O_WRONLY)
@@ -271,6 +272,29 @@ def dry_run(task: task_lib.Task, runtime: runtime_lib.RuntimeConfig,
   print(f"dry run | ok: one train step ({origin}) and one eval step ran | "
         f"{summary}", flush=True)
   return 0
+
+
+def run_tool(main: Callable[..., None], program: str, example: str) -> None:
+  """Entry point of a script that takes a task's configuration as `train.py`
+  does (gin files, positional or `--gin_file`, and `--gin_param`).
+
+  Flags and configuration are checked before TensorFlow starts; a problem is
+  one line on stderr and exit code 2.
+
+  Args:
+    main: Called as `main(gin_files, task, runtime, config)`.
+    program: The script's name, for error lines.
+    example: A gin file to suggest when none is given.
+  """
+  argv = parse_flags(sys.argv)
+  gin_files = argv[1:] + FLAGS.gin_file
+  if not gin_files:
+    _fail(f"give a task's gin file, e.g. {example}", program=program)
+  try:
+    loaded = load_config(gin_files, FLAGS.gin_param)
+  except errors.ConfigError as e:
+    _fail(str(e), program=program)
+  app.run(lambda _: main(gin_files, *loaded), argv=argv[:1])
 
 
 def run() -> None:

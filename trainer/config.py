@@ -22,6 +22,7 @@ from trainer import scaling
 from trainer import warm_start as warm_start_lib
 
 NONFINITE_POLICIES = ("stop", "rollback")
+INPUT_POSITIONS = ("checkpoint", "skip", "restart")
 
 
 def _bound(configurable):
@@ -55,6 +56,13 @@ class TrainerConfig:
       evaluated in `model_dir/eval/evaluated.json`).
     continuous_eval_timeout: `continuous_eval` gives up after waiting this
       many seconds for a new checkpoint.
+    input_position: How a restarted run finds its place in the training
+      input. "checkpoint": the iterator is in the checkpoint (exact; where it
+      cannot be saved, or with several workers, "skip" instead); "skip":
+      the batches trained on are read again and thrown away (exact; the cost
+      grows with the step); "restart": the input starts over (not exact;
+      for streams whose shuffle and prefetch buffers would make every
+      checkpoint gigabytes, such as ImageNet's).
     gradient_accumulation_steps: Micro-batches per step: each replica's
       slice of the global batch is cut into this many, and their gradients
       are summed before one update (same update, less memory).
@@ -94,6 +102,7 @@ class TrainerConfig:
   max_to_keep: int = 5
   keep_until_evaluated: bool = False
   continuous_eval_timeout: float = 3600.0
+  input_position: str = "checkpoint"
   gradient_accumulation_steps: int = 1
   gradient_clip_norm: Optional[float] = None
   gradient_clip_value: Optional[float] = None
@@ -154,6 +163,10 @@ class TrainerConfig:
         raise errors.ConfigError(
             f"`trainer.{name}` ({value!r}) must be a positive number or "
             "None.")
+    if self.input_position not in INPUT_POSITIONS:
+      raise errors.ConfigError(
+          f"`trainer.input_position` ({self.input_position!r}) must be one "
+          f"of: {', '.join(INPUT_POSITIONS)}.")
     if self.on_nonfinite not in NONFINITE_POLICIES:
       raise errors.ConfigError(
           f"`trainer.on_nonfinite` ({self.on_nonfinite!r}) must be one of: "

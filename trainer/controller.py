@@ -27,6 +27,11 @@ from trainer import profiler
 from trainer import summaries
 
 
+# Above this share of loop time spent waiting for the input pipeline,
+# training is reported as input-bound.
+INPUT_BOUND_FRACTION = 0.2
+
+
 def _log(message: str) -> None:
   logging.info(message)
   print(message, flush=True)
@@ -103,6 +108,7 @@ class Controller(orbit.Controller):
     self._preemption_exit_code = preemption_exit_code
     self._num_workers = num_workers
     self._learning_rate = None  # The last one written.
+    self._input_bound = False  # Whether the last summary window was.
     self._stop_fn = stop_fn
     self._profile = profile
     self.stop_reason: Optional[str] = None  # Why training stopped early.
@@ -310,12 +316,32 @@ class Controller(orbit.Controller):
       scalars.update(self._scalars_fn())
     if "learning_rate" in scalars:
       self._learning_rate = float(scalars["learning_rate"])
+    waited = getattr(self.trainer, "read_and_reset_input_wait", lambda: None)()
+    if waited is not None:
+      scalars["input_wait_fraction"] = self._input_wait_fraction(waited)
     summaries.write_scalars(self._train_summary_writer, scalars, self._step)
     if not np.isfinite(float(scalars["loss"])):
       logging.warning("training loss is %s at step %d", scalars["loss"],
                       self._step)
     self._window_steps = 0
     self._window_seconds = 0.0
+
+  def _input_wait_fraction(self, waited: float) -> float:
+    """Returns the share of the window's loop time spent waiting for input;
+    warns when it shows training is input-bound."""
+    fraction = min(waited / max(self._window_seconds, 1e-9), 1.0)
+    logging.info("steps %d to %d waited for input %.1f%% of the time",
+                 self._step - self._window_steps, self._step, 100 * fraction)
+    input_bound = fraction > INPUT_BOUND_FRACTION
+    if input_bound and not self._input_bound:
+      message = (
+          f"input-bound: the steps to {self._step} waited for the input "
+          f"pipeline {100 * fraction:.0f}% of the time; python "
+          "scripts/benchmark_input.py measures the pipeline alone")
+      logging.warning(message)
+      print(f"warning | {message}", flush=True)
+    self._input_bound = input_bound  # Warn again only after a recovery.
+    return fraction
 
   def _recover_from_nonfinite(self, step: int) -> None:
     """Stops, or rolls back to the newest checkpoint and skips the batch.

@@ -42,7 +42,7 @@ MODES = ("train", "eval", "train_and_eval", "continuous_eval")
 TrainerConfig = config_lib.TrainerConfig
 
 
-def _ensure_built(model: tf_keras.Model, element_spec) -> None:
+def ensure_built(model: tf_keras.Model, element_spec) -> None:
   """Builds `model` from the input spec so checkpoints restore at once."""
   if model.built:
     return
@@ -61,12 +61,19 @@ def loss_scale_scalars(
   return {}
 
 
-def _build_optimizer(task: task_lib.Task, model: tf_keras.Model,
+def build_optimizer(task: task_lib.Task, model: tf_keras.Model,
                      config: TrainerConfig, runtime: runtime_lib.RuntimeConfig,
                      replica_factor: float) -> tf_keras.optimizers.Optimizer:
   """Builds the task's optimizer, scaled, averaged and loss-scaled.
 
   Call inside the strategy scope.
+
+  Args:
+    task: Creates the optimizer.
+    model: The model (EMA averages its weights).
+    config: The optimizer, schedule, EMA and batch settings.
+    runtime: The precision (float16 adds loss scaling).
+    replica_factor: The learning-rate factor of `trainer.batch_scaling`.
   """
   optimizer = task.create_optimizer(optimization.Settings(
       config.optimizer, config.learning_rate, config.train_steps))
@@ -145,24 +152,22 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
                worker.worker_index, worker.num_workers)
   train_input = eval_input = None
   if training:
-    train_input = _train_input(task, strategy, config, runtime, worker)
+    train_input = make_input(task, True, strategy, config, runtime, worker)
+    if worker.num_workers > 1:
+      context = train_input.input_context
+      print(f"input | worker {worker.worker_index} reads input pipeline "
+            f"{context.input_pipeline_id} of {context.num_input_pipelines}",
+            flush=True)
   if evaluating or config.export.at_end:
-    # Every worker evaluates the whole eval split: the same number of steps
-    # everywhere (no collective waits on a worker with fewer batches), and
-    # the metrics, summed over all replicas, keep their ratios.
-    eval_input = inputs_lib.DistributedInput(
-        strategy, lambda ctx: task.build_inputs(False, ctx),
-        config.eval_batch_size, training=False,
-        batch_size_name="trainer.eval_batch_size", worker=worker,
-        shard=False)
+    eval_input = make_input(task, False, strategy, config, runtime, worker)
   with strategy.scope():
     model = task.build_model()
-    _ensure_built(model, (train_input or eval_input).dataset.element_spec)
+    ensure_built(model, (train_input or eval_input).dataset.element_spec)
     global_step = orbit.utils.create_global_step()
     optimizer = None
     if training or config.ema.enabled:
       # Evaluation builds it too with EMA: the averages are its slots.
-      optimizer = _build_optimizer(task, model, config, runtime,
+      optimizer = build_optimizer(task, model, config, runtime,
                                    replica_factor)
     if training and config.on_nonfinite == "rollback":
       # A rollback may go back to a checkpoint saved before the first step;
@@ -182,10 +187,12 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
     trainer = runners.TaskTrainer(
         task, model, optimizer, strategy, train_input, global_step,
         run_eagerly=runtime.run_eagerly, enable_xla=runtime.enable_xla,
-        step_options=_step_options(config), coordinator=coordinator)
+        step_options=step_options(config), coordinator=coordinator)
     checkpoint_items["discarded_batches"] = trainer.discarded_batches
-    input_in_checkpoint = (worker.num_workers == 1 and coordinator is None and
-                           inputs_lib.is_checkpointable(train_input.dataset))
+    input_in_checkpoint = (
+        config.input_position == "checkpoint" and worker.num_workers == 1 and
+        coordinator is None and
+        inputs_lib.is_checkpointable(train_input.dataset))
     if input_in_checkpoint:
       checkpoint_items["train_iterator"] = trainer.train_iterator
     elif coordinator is not None:
@@ -199,7 +206,8 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
                                       run_eagerly=runtime.run_eagerly,
                                       weights=averaged_weights)
   resume_input_fn = None
-  if training and not input_in_checkpoint and coordinator is None:
+  if training and not input_in_checkpoint and coordinator is None and (
+      config.input_position != "restart"):
     resume_input_fn = trainer.skip_input
   finite_fn = None
   if training:
@@ -318,7 +326,7 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
     return output
 
 
-def _step_options(config: TrainerConfig) -> gradients.StepOptions:
+def step_options(config: TrainerConfig) -> gradients.StepOptions:
   """Returns the default train step's options from `config`."""
   return gradients.StepOptions(
       accumulation_steps=config.gradient_accumulation_steps,
@@ -370,21 +378,36 @@ def _parameter_server_role(runtime: runtime_lib.RuntimeConfig,
   return runtime
 
 
-def _train_input(task: task_lib.Task, strategy: tf.distribute.Strategy,
-                 config: TrainerConfig, runtime: runtime_lib.RuntimeConfig,
-                 worker: cluster.WorkerInfo) -> inputs_lib.DistributedInput:
-  """Builds this worker's training input and says which shard it reads."""
-  train_input = inputs_lib.DistributedInput(
-      strategy, lambda ctx: task.build_inputs(True, ctx),
-      config.global_batch_size, training=True,
-      batch_size_name="trainer.global_batch_size", worker=worker,
-      private_threads=runtime.dataset_num_private_threads)
-  if worker.num_workers > 1:
-    context = train_input.input_context
-    print(f"input | worker {worker.worker_index} reads input pipeline "
-          f"{context.input_pipeline_id} of {context.num_input_pipelines}",
-          flush=True)
-  return train_input
+def make_input(task: task_lib.Task, training: bool,
+               strategy: tf.distribute.Strategy, config: TrainerConfig,
+               runtime: runtime_lib.RuntimeConfig,
+               worker: cluster.WorkerInfo = cluster.WorkerInfo()
+               ) -> inputs_lib.DistributedInput:
+  """Builds this worker's training or evaluation input for `task`.
+
+  Training input pipelines each read their own shard; every worker
+  evaluates the whole eval split (the same number of steps everywhere, so no
+  collective waits on a worker with fewer batches, and the metrics, summed
+  over all replicas, keep their ratios).
+  """
+
+  def preprocess(batch, seed):
+    return task.preprocess_batch(batch, training, seed)
+
+  # Only an override costs a pipeline stage.
+  overridden = type(task).preprocess_batch is not (
+      task_lib.Task.preprocess_batch)
+
+  return inputs_lib.DistributedInput(
+      strategy, lambda ctx: task.build_inputs(training, ctx),
+      config.global_batch_size if training else config.eval_batch_size,
+      training=training,
+      batch_size_name=("trainer.global_batch_size" if training else
+                       "trainer.eval_batch_size"),
+      worker=worker, shard=training,
+      private_threads=runtime.dataset_num_private_threads if training else 0,
+      batch_fn=preprocess if overridden else None,
+      deterministic=runtime.dataset_deterministic)
 
 
 @contextlib.contextmanager

@@ -19,6 +19,8 @@ from trainer import cluster
 from trainer import errors
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
+# (a batch, a stateless seed of shape [2]) -> the transformed batch.
+BatchFn = Callable[[object, tf.Tensor], object]
 
 
 def per_replica_batch_size(global_batch_size: int, num_replicas: int,
@@ -51,7 +53,9 @@ class DistributedInput:
                global_batch_size: int, training: bool,
                batch_size_name: str = "global_batch_size",
                worker: cluster.WorkerInfo = cluster.WorkerInfo(),
-               shard: bool = True, private_threads: int = 0):
+               shard: bool = True, private_threads: int = 0,
+               batch_fn: Optional[BatchFn] = None,
+               deterministic: bool = True):
     """Builds the worker's dataset.
 
     Args:
@@ -67,6 +71,11 @@ class DistributedInput:
         when the task shards by `InputContext`); False gives every worker the
         whole data, as multi-worker evaluation needs.
       private_threads: Size of a private tf.data thread pool; 0 for none.
+      batch_fn: Transforms each batch (vectorised preprocessing), given a
+        seed that differs for every batch and input pipeline and is part of
+        the iterator's state.
+      deterministic: Keep the elements' order where tf.data could trade it
+        for speed (parallel map and interleave).
     """
     self._strategy = strategy
     num_replicas = strategy.num_replicas_in_sync
@@ -82,6 +91,8 @@ class DistributedInput:
     self._dataset_fn = dataset_fn
     self._training = training
     self._private_threads = private_threads
+    self._batch_fn = batch_fn
+    self._deterministic = deterministic
     self.dataset = self.build()
 
   def build(self, shard_examples: Optional[Callable[
@@ -106,12 +117,18 @@ class DistributedInput:
     dataset = dataset.batch(
         self.per_replica_batch_size * self._num_local_replicas,
         drop_remainder=self._training)
+    if self._batch_fn is not None:
+      pipeline = tf.constant(self.input_context.input_pipeline_id, tf.int64)
+      batch_fn = self._batch_fn
+      dataset = dataset.enumerate().map(
+          lambda index, batch: batch_fn(batch, tf.stack([pipeline, index])),
+          num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.deterministic = self._deterministic
     if self._private_threads:
-      options = tf.data.Options()
       options.threading.private_threadpool_size = self._private_threads
-      dataset = dataset.with_options(options)
-    return dataset
+    return dataset.with_options(options)
 
   def per_worker_dataset_fn(self, num_workers: int
                             ) -> Callable[[], tf.data.Dataset]:

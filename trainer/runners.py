@@ -11,6 +11,8 @@ from typing import Callable, ContextManager, Dict, List, Optional
 
 import orbit
 import tensorflow as tf
+# pylint: disable-next=g-direct-tensorflow-import
+from tensorflow.python.framework import config as framework_config
 import tf_keras
 
 from trainer import errors
@@ -93,6 +95,9 @@ class TaskTrainer(orbit.StandardTrainer):
     # summaries.
     self._learning_rate = tf.Variable(0.0, trainable=False,
                                       name="loop_learning_rate")
+    # Seconds the steps waited for input since the last summary.
+    self._input_wait = tf.Variable(0.0, dtype=tf.float64, trainable=False,
+                                   name="input_wait_seconds")
     self._scheduled = isinstance(
         optimization.get_learning_rate(optimizer),
         tf_keras.optimizers.schedules.LearningRateSchedule)
@@ -256,7 +261,17 @@ class TaskTrainer(orbit.StandardTrainer):
 
   def train_step(self, iterator) -> tf.Tensor:
     """Runs one step on every replica; returns the global mean loss."""
-    batch = self._input.split(next(iterator))
+    if self._measures_input_wait():
+      # The time `next` blocks is the time the step waited for the input
+      # pipeline (prefetched batches return at once). Ordered by automatic
+      # control dependencies: timestamps and `next` are stateful.
+      start = tf.timestamp()
+      batch = next(iterator)
+      with tf.control_dependencies(tf.nest.flatten(batch)):
+        self._input_wait.assign_add(tf.timestamp() - start)
+    else:
+      batch = next(iterator)
+    batch = self._input.split(batch)
     logs = self.strategy.run(self._replica_step, args=(batch,))
     loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, logs["loss"],
                                 axis=None)
@@ -289,6 +304,25 @@ class TaskTrainer(orbit.StandardTrainer):
       metric.reset_state()
     results["learning_rate"] = self._learning_rate
     return results
+
+  def _measures_input_wait(self) -> bool:
+    """Whether steps time their wait for input.
+
+    Not on parameter-server workers (no chief variable to add to), and not
+    under op determinism, where TensorFlow refuses `tf.timestamp`. (The
+    public API can enable determinism but not ask for it.)
+    """
+    return self._coordinator is None and (
+        not framework_config.is_op_determinism_enabled())
+
+  def read_and_reset_input_wait(self) -> Optional[float]:
+    """Returns the seconds steps waited for input since the last call; None
+    where it is not measured (see `_measures_input_wait`)."""
+    if not self._measures_input_wait():
+      return None
+    seconds = float(self._input_wait.numpy())
+    self._input_wait.assign(0.0)
+    return seconds
 
 
 class TaskEvaluator(orbit.StandardEvaluator):

@@ -1,0 +1,167 @@
+"""Is training input-bound? The input pipeline alone against training.
+
+For a task's gin configuration (the files and bindings `train.py` takes), in
+one process, it builds the training input exactly as a run does (the task's
+pipeline, the framework's batching, splitting and prefetching) and times:
+
+  pipeline          the batches alone, read as fast as they come;
+  training          training steps on that pipeline, with the share of time
+                    the steps waited for a batch;
+  training, cached  the same steps on batches taken from the same pipeline
+                    and cached in memory, so input costs nothing.
+
+The two trainings take turns over `--rounds` rounds (median reported). The
+verdict: input-bound when the pipeline alone is slower than cached training
+or the real step time exceeds the cached one by more than 5%, the target for
+the shipped MNIST and CIFAR-10 pipelines.
+
+Usage, from the repository root:
+  python scripts/benchmark_input.py gin/cifar10.gin [--gin_param=...]
+      [--fake_data=10000] [--steps=200] [--rounds=3]
+
+`--fake_data=N` writes N random training examples in the task's tfds format
+to a temporary directory and reads them through the real pipeline (tfds
+files, decoding, shuffling, augmentation): no download needed. The last line
+is `JSON {...}` with the figures.
+"""
+
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import trainer  # noqa: E402  Selects Keras 2 before TensorFlow loads.
+from absl import flags
+from absl import logging
+import orbit
+import tensorflow as tf
+
+from tasks import fake_data
+from trainer import cli
+from trainer import cluster
+from trainer import experiment
+from trainer import runners
+from trainer import runtime as runtime_lib
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("fake_data", 0, "Write this many random training "
+                     "examples in the task's tfds format and read them; 0 "
+                     "reads the configured data.", lower_bound=0)
+flags.DEFINE_integer("steps", 200, "Timed training steps per round and "
+                     "batches for the pipeline alone.", lower_bound=10)
+flags.DEFINE_integer("rounds", 3, "Rounds of each training.", lower_bound=1)
+flags.DEFINE_integer("cached_batches", 50, "Batches cached for the cached "
+                     "training.", lower_bound=1)
+
+TARGET = 1.05  # Real step time over cached step time.
+LOOP = 10  # Steps per `train` call.
+
+
+def time_pipeline(dataset: tf.data.Dataset, num_batches: int,
+                  batch_size: int) -> float:
+  """Returns examples/s of reading `num_batches` batches, after a warm-up."""
+  iterator = iter(dataset)
+  for _ in range(min(num_batches // 5, 20) + 1):
+    next(iterator)
+  start = time.perf_counter()
+  for _ in range(num_batches):
+    next(iterator)
+  return num_batches * batch_size / (time.perf_counter() - start)
+
+
+def time_training(task_trainer: runners.TaskTrainer, num_steps: int
+                  ) -> Dict[str, float]:
+  """Returns steps/s and the input-wait share of `num_steps` steps."""
+  task_trainer.read_and_reset_input_wait()
+  start = time.perf_counter()
+  for _ in range(num_steps // LOOP):
+    output = task_trainer.train(tf.constant(LOOP))
+  float(output["loss"])  # Waits for the last step.
+  elapsed = time.perf_counter() - start
+  waited = task_trainer.read_and_reset_input_wait()
+  return {"steps_per_second": num_steps // LOOP * LOOP / elapsed,
+          "input_wait": (waited or 0.0) / elapsed}
+
+
+def main(gin_files: List[str], task: trainer.Task,
+         runtime: trainer.RuntimeConfig,
+         config: trainer.TrainerConfig) -> None:
+  del gin_files
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  with tempfile.TemporaryDirectory() as data_dir:
+    if FLAGS.fake_data:
+      fake_data.write_for_task(task, data_dir, FLAGS.fake_data)
+    report(task, runtime, config)
+
+
+def report(task: trainer.Task, runtime: trainer.RuntimeConfig,
+           config: trainer.TrainerConfig) -> None:
+  """Times the pipeline and both trainings; prints the table."""
+  strategy = runtime_lib.create_strategy(runtime)
+  runtime_lib.set_precision_policy(runtime)
+  runtime_lib.seed_everything(runtime)
+  train_input = experiment.make_input(task, True, strategy, config, runtime,
+                                      cluster.worker_info(strategy))
+  batch = config.global_batch_size
+  pipeline = time_pipeline(train_input.build(), FLAGS.steps, batch)
+  with strategy.scope():
+    model = task.build_model()
+    experiment.ensure_built(model, train_input.dataset.element_spec)
+    global_step = orbit.utils.create_global_step()
+    optimizer = experiment.build_optimizer(task, model, config, runtime, 1.0)
+  trainers = {}
+  for name in ("real", "cached"):
+    if name == "cached":
+      train_input.dataset = train_input.build().take(
+          FLAGS.cached_batches).cache().repeat()
+    trainers[name] = runners.TaskTrainer(
+        task, model, optimizer, strategy, train_input, global_step,
+        enable_xla=runtime.enable_xla,
+        step_options=experiment.step_options(config))
+  results = {name: [] for name in trainers}
+  with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+    for name, task_trainer in trainers.items():
+      # Traces the loop and, for the cached one, fills the cache.
+      time_training(task_trainer, max(FLAGS.cached_batches, 2 * LOOP))
+    for round_index in range(FLAGS.rounds):
+      order = list(trainers) if round_index % 2 == 0 else list(
+          reversed(trainers))
+      for name in order:
+        results[name].append(time_training(trainers[name], FLAGS.steps))
+  medians = {name: {key: statistics.median(r[key] for r in rounds)
+                    for key in rounds[0]} for name, rounds in results.items()}
+  real, cached = medians["real"], medians["cached"]
+  ratio = cached["steps_per_second"] / real["steps_per_second"]
+  print(f"{type(task).__name__}: global batch {batch}, "
+        f"{strategy.num_replicas_in_sync} replica(s), "
+        f"{FLAGS.rounds} round(s) of {FLAGS.steps} steps, median")
+  print(f"{'':<18}{'examples/s':>12}{'input wait':>12}")
+  print(f"{'pipeline':<18}{pipeline:12.0f}")
+  for name, label in (("real", "training"),
+                      ("cached", "training, cached")):
+    print(f"{label:<18}{medians[name]['steps_per_second'] * batch:12.0f}"
+          f"{100 * medians[name]['input_wait']:11.1f}%")
+  bound = ratio > TARGET or pipeline < cached["steps_per_second"] * batch
+  verdict = "the input pipeline" if bound else "the training step"
+  print(f"step time, real pipeline / cached batches: {ratio:.3f}x (target "
+        f"<= {TARGET:.2f}x: {'PASS' if ratio <= TARGET else 'FAIL'}); "
+        f"bottleneck: {verdict}")
+  print("JSON " + json.dumps({
+      "pipeline_examples_per_second": pipeline,
+      "training_examples_per_second": real["steps_per_second"] * batch,
+      "cached_examples_per_second": cached["steps_per_second"] * batch,
+      "input_wait": real["input_wait"], "step_time_ratio": ratio,
+      "input_bound": bound}))
+
+
+if __name__ == "__main__":
+  cli.run_tool(main, "benchmark_input.py", "gin/cifar10.gin")

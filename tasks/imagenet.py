@@ -1,0 +1,108 @@
+"""`ImageNetResNet50`: ResNet-50 on ImageNet with the standard recipe.
+
+The backbone and classification head are Model Garden's
+(`official.vision.modeling`). Training images get an Inception-style random
+crop (8% to 100% of the area, aspect ratio 3/4 to 4/3; only the crop is
+decoded) and a random flip, evaluation images the central 87.5% square; both
+are resized and normalised with ImageNet's channel statistics. The loss is
+crossentropy with label smoothing, plus L2 weight decay on the kernels. The
+learning rate and its warm-up come from gin (`gin/imagenet_resnet50.gin`).
+"""
+
+from typing import Optional
+
+import gin
+import tensorflow as tf
+import tf_keras
+from official.vision.modeling import backbones
+from official.vision.modeling import classification_model
+
+from tasks import classification
+from tasks import image_inputs
+from tasks import tfrecord_inputs
+
+
+@gin.configurable
+class ImageNetResNet50(classification.ImageClassificationTask):
+  """ResNet-50 classifying tfds `imagenet2012` (or ImageNet TFRecords).
+
+  The data streams from the record files (it does not fit in memory): read
+  with a parallel interleave, shuffled in a buffer of encoded images, decoded
+  and augmented in parallel.
+  """
+
+  tfds_name = "imagenet2012"
+  eval_split = "validation"
+  image_shape = (None, None, 3)
+
+  def __init__(self, data_dir: Optional[str] = None,
+               tfrecords: Optional[tfrecord_inputs.TFRecordSource] = None,
+               shuffle_seed: int = 0, image_size: int = 224,
+               num_classes: int = 1000, label_smoothing: float = 0.1,
+               weight_decay: float = 1e-4, use_sync_bn: bool = False,
+               shuffle_buffer: int = 10000):
+    """Configures the task.
+
+    Args:
+      data_dir: Where tfds keeps `imagenet2012` (prepared beforehand).
+      tfrecords: Read these TFRecord files of JPEG images instead of tfds.
+      shuffle_seed: Seeds the file and example order and the augmentation.
+      image_size: Side of the square images the model sees.
+      num_classes: Classes of the head.
+      label_smoothing: Of the crossentropy's one-hot targets.
+      weight_decay: L2 weight decay of the kernels (as the regulariser
+        `l2(weight_decay / 2)`, which gives the classic decay).
+      use_sync_bn: Synchronise batch-norm statistics across replicas (the
+        same update on any replica count; slower).
+      shuffle_buffer: Encoded images in the training shuffle buffer.
+    """
+    super().__init__(data_dir=data_dir, tfrecords=tfrecords,
+                     shuffle_seed=shuffle_seed)
+    self.image_size = image_size
+    self.num_classes = num_classes
+    self.label_smoothing = label_smoothing
+    self.weight_decay = weight_decay
+    self.use_sync_bn = use_sync_bn
+    self.shuffle_buffer = shuffle_buffer
+
+  def build_model(self) -> tf_keras.Model:
+    input_specs = tf_keras.layers.InputSpec(
+        shape=[None, self.image_size, self.image_size, 3])
+    regularizer = (tf_keras.regularizers.l2(self.weight_decay / 2.0)
+                   if self.weight_decay else None)
+    backbone = backbones.ResNet(
+        model_id=50, input_specs=input_specs, use_sync_bn=self.use_sync_bn,
+        norm_momentum=0.9, norm_epsilon=1e-5,
+        kernel_regularizer=regularizer)
+    return classification_model.ClassificationModel(
+        backbone=backbone, num_classes=self.num_classes,
+        input_specs=input_specs, kernel_regularizer=regularizer)
+
+  def build_inputs(self, training, input_context=None) -> tf.data.Dataset:
+    examples = self.read(training, input_context, decode=False)
+    if training:
+      examples = examples.shuffle(self.shuffle_buffer, seed=self.shuffle_seed,
+                                  reshuffle_each_iteration=True)
+      return image_inputs.augment_forever(
+          examples, self.shuffle_seed,
+          lambda encoded, label, seed: (image_inputs.normalize(
+              image_inputs.decode_random_crop(encoded, seed,
+                                              self.image_size)), label))
+    return examples.map(
+        lambda encoded, label: (image_inputs.normalize(
+            image_inputs.decode_center_crop(encoded, self.image_size)),
+                                label),
+        num_parallel_calls=tf.data.AUTOTUNE)
+
+  def build_losses(self, labels, model_outputs, aux_losses=None):
+    del aux_losses
+    targets = tf.one_hot(labels, self.num_classes)
+    return tf_keras.losses.categorical_crossentropy(
+        targets, model_outputs, from_logits=True,
+        label_smoothing=self.label_smoothing)
+
+  def build_metrics(self, training=True):
+    del training
+    return [tf_keras.metrics.SparseCategoricalAccuracy("accuracy"),
+            tf_keras.metrics.SparseTopKCategoricalAccuracy(
+                5, name="top_5_accuracy")]
