@@ -80,15 +80,16 @@ def time_pipeline(dataset: tf.data.Dataset, num_batches: int,
 def time_training(task_trainer: runners.TaskTrainer, num_steps: int
                   ) -> Dict[str, float]:
   """Returns steps/s and the input-wait share of `num_steps` steps."""
-  task_trainer.read_and_reset_input_wait()
+  task_trainer.read_and_reset_metrics()
+  loop = tf.constant(LOOP)
   start = time.perf_counter()
   for _ in range(num_steps // LOOP):
-    output = task_trainer.train(tf.constant(LOOP))
-  float(output["loss"])  # Waits for the last step.
+    task_trainer.train(loop)
+  task_trainer.loop_status()  # Waits for the last step.
   elapsed = time.perf_counter() - start
-  waited = task_trainer.read_and_reset_input_wait()
+  waited = task_trainer.read_and_reset_metrics().get("input_wait_seconds", 0)
   return {"steps_per_second": num_steps // LOOP * LOOP / elapsed,
-          "input_wait": (waited or 0.0) / elapsed}
+          "input_wait": waited / elapsed}
 
 
 def main(gin_files: List[str], task: trainer.Task,

@@ -29,6 +29,22 @@ STATEFUL_RANDOM_OPS = frozenset([
     "RandomPoisson", "RandomPoissonV2", "RandomCrop"])
 
 
+@dataclasses.dataclass(frozen=True)
+class LoopStatus:
+  """What a training loop reports to the host.
+
+  Attributes:
+    loss: The mean loss of the loop's steps.
+    nonfinite_step: The step whose loss was not finite (the loop stopped
+      after it), or -1.
+    learning_rate: The learning rate after the loop if it follows a
+      schedule, else None.
+  """
+  loss: float
+  nonfinite_step: int
+  learning_rate: Optional[float]
+
+
 def _metric_results(
     metrics: List[tf_keras.metrics.Metric]) -> Dict[str, tf.Tensor]:
   return {metric.name: metric.result() for metric in metrics}
@@ -82,37 +98,29 @@ class TaskTrainer(orbit.StandardTrainer):
       self.metrics = task.build_metrics(training=True)
     self._run_eagerly = run_eagerly
     self._coordinator = coordinator
-    # `_loop_loss` is the mean over the last loop (the progress line);
-    # `_window_loss` and `_window_norm` over the summary window. They are
-    # updated with already-reduced values in cross-replica context, so they
-    # live outside the strategy scope, except with parameter servers, where
-    # the steps run on workers that only reach variables placed on the
-    # parameter servers.
-    self._loop_loss = tf.Variable(0.0, trainable=False, name="loop_loss")
-    # The learning rate after the loop, computed in the compiled loop: an
-    # eager schedule evaluation costs ~0.4 ms per loop here (measured). Only
-    # a schedule is reported after every loop; a constant rate comes with the
-    # summaries.
-    self._learning_rate = tf.Variable(0.0, trainable=False,
-                                      name="loop_learning_rate")
-    # Seconds the steps waited for input since the last summary.
-    self._input_wait = tf.Variable(0.0, dtype=tf.float64, trainable=False,
-                                   name="input_wait_seconds")
+    # Per-step sums over the summary window, in one variable so a step adds
+    # to it with one op: loss, steps, gradient norm, steps with a finite
+    # norm, seconds waited for input. Steps add already-reduced values in
+    # cross-replica context, so it lives outside the strategy scope, except
+    # with parameter servers, whose workers only reach variables there.
+    with (strategy.scope() if coordinator is not None else
+          contextlib.nullcontext()):
+      self._window = tf.Variable(tf.zeros([5], tf.float64), trainable=False,
+                                 name="window_sums")
+    # What the host reads after each loop, in one read: the loop's mean
+    # loss, the step whose loss was not finite (-1: none; the loop stops
+    # right after it) and, for a schedule, the learning rate after the loop
+    # (NaN for a constant rate: an eager schedule evaluation costs ~0.4 ms,
+    # measured, so it is computed in the compiled loop).
+    self._status = tf.Variable([0.0, -1.0, float("nan")], dtype=tf.float64,
+                               trainable=False, name="loop_status")
     self._scheduled = isinstance(
         optimization.get_learning_rate(optimizer),
         tf_keras.optimizers.schedules.LearningRateSchedule)
-    # The step whose loss was not finite in the last loop, or -1; the loop
-    # stops right after that step.
-    self.nonfinite_step = tf.Variable(-1, dtype=tf.int64, trainable=False,
-                                      name="nonfinite_step")
     # Batches thrown away (after a non-finite loss); checkpointed, so the
     # input can be skipped to `global_step + discarded_batches` on resume.
     self.discarded_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
                                          name="discarded_batches")
-    with (strategy.scope() if coordinator is not None else
-          contextlib.nullcontext()):
-      self._window_loss = tf_keras.metrics.Mean("loss")
-      self._window_norm = tf_keras.metrics.Mean("gradient_norm")
     self._replica_step = self._task_train_step
     options = step_options or gradients.StepOptions()
     if enable_xla and strategy.num_replicas_in_sync == 1:
@@ -196,18 +204,18 @@ class TaskTrainer(orbit.StandardTrainer):
     def loop(iterator, num_steps):
       total = tf.constant(0.0)
       done = tf.constant(0.0)
-      self.nonfinite_step.assign(-1)
+      nonfinite_step = tf.constant(-1, tf.int64)
       for _ in tf.range(num_steps):
         loss = self.train_step(iterator)
         # Checked every step, so the run stops at the step that went wrong.
         if not tf.math.is_finite(loss):
-          self.nonfinite_step.assign(self.global_step)
+          nonfinite_step = self.global_step.read_value()
           break
         total += loss
         done += 1.0
-      self._loop_loss.assign(total / tf.maximum(done, 1.0))
-      self._learning_rate.assign(
-          optimization.current_learning_rate(self.optimizer))
+      self._status.assign(tf.stack([
+          tf.cast(total / tf.maximum(done, 1.0), tf.float64),
+          tf.cast(nonfinite_step, tf.float64), self._scheduled_rate()]))
 
     self._compiled_loop = None if self._run_eagerly else tf.function(loop)
     return self._compiled_loop or loop
@@ -249,18 +257,26 @@ class TaskTrainer(orbit.StandardTrainer):
                 for _ in range(int(num_steps))]
       self._coordinator.join()
       values = [float(loss.fetch()) for loss in losses]
-      self._loop_loss.assign(sum(values) / len(values))
-      self._learning_rate.assign(
-          optimization.current_learning_rate(self.optimizer))
       # Steps ran asynchronously: the first scheduled non-finite one counts.
       bad = [i for i, value in enumerate(values) if not math.isfinite(value)]
       first = int(self.global_step.numpy()) - len(values) + 1
-      self.nonfinite_step.assign(first + bad[0] if bad else -1)
+      self._status.assign(tf.stack([
+          tf.constant(sum(values) / len(values), tf.float64),
+          tf.constant(first + bad[0] if bad else -1, tf.float64),
+          self._scheduled_rate()]))
 
     return loop
 
+  def _scheduled_rate(self) -> tf.Tensor:
+    """The learning rate now if it follows a schedule, else NaN."""
+    if not self._scheduled:
+      return tf.constant(float("nan"), tf.float64)
+    return tf.cast(optimization.current_learning_rate(self.optimizer),
+                   tf.float64)
+
   def train_step(self, iterator) -> tf.Tensor:
     """Runs one step on every replica; returns the global mean loss."""
+    waited = tf.constant(0.0, tf.float64)
     if self._measures_input_wait():
       # The time `next` blocks is the time the step waited for the input
       # pipeline (prefetched batches return at once). Ordered by automatic
@@ -268,41 +284,56 @@ class TaskTrainer(orbit.StandardTrainer):
       start = tf.timestamp()
       batch = next(iterator)
       with tf.control_dependencies(tf.nest.flatten(batch)):
-        self._input_wait.assign_add(tf.timestamp() - start)
+        waited = tf.timestamp() - start
     else:
       batch = next(iterator)
     batch = self._input.split(batch)
     logs = self.strategy.run(self._replica_step, args=(batch,))
     loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, logs["loss"],
                                 axis=None)
-    self._window_loss.update_state(loss)
+    norm = finite = tf.constant(0.0, tf.float64)
     if "gradient_norm" in logs:
       # Computed from the summed gradients: the same on every replica.
-      norm = self.strategy.experimental_local_results(
-          logs["gradient_norm"])[0]
+      norm = tf.cast(self.strategy.experimental_local_results(
+          logs["gradient_norm"])[0], tf.float64)
       # A skipped float16 step's norm is not finite; it would swamp the mean.
-      self._window_norm.update_state(
-          norm, sample_weight=tf.cast(tf.math.is_finite(norm), tf.float32))
+      finite = tf.cast(tf.math.is_finite(norm), tf.float64)
+      norm = tf.where(finite > 0, norm, 0.0)
+    self._window.assign_add(tf.stack(
+        [tf.cast(loss, tf.float64), tf.constant(1.0, tf.float64), norm,
+         finite, waited]))
     self.global_step.assign_add(1)
     return tf.cast(loss, tf.float32)
 
   def train_loop_end(self) -> Dict[str, tf.Variable]:
-    """Returns the loop's mean loss, and the learning rate after it if it
-    follows a schedule."""
-    if self._scheduled:
-      return {"loss": self._loop_loss, "learning_rate": self._learning_rate}
-    return {"loss": self._loop_loss}
+    """Returns `status`: the loop's mean loss, the step whose loss was not
+    finite (or -1) and a scheduled learning rate (or NaN); see
+    `loop_status`."""
+    return {"status": self._status}
 
-  def read_and_reset_metrics(self) -> Dict[str, tf.Tensor]:
-    """Returns the mean loss, the gradient norm (when the step reports one)
-    and the task metrics since the last call, and the learning rate now."""
-    metrics = [self._window_loss] + self.metrics
+  def loop_status(self) -> LoopStatus:
+    """Reads what the last loop reported, in one device read."""
+    loss, nonfinite_step, learning_rate = self._status.numpy()
+    return LoopStatus(float(loss), int(nonfinite_step),
+                      None if math.isnan(learning_rate) else
+                      float(learning_rate))
+
+  def read_and_reset_metrics(self) -> Dict[str, float]:
+    """Returns the window's mean loss, gradient norm (when the step reports
+    one), seconds waited for input (`input_wait_seconds`) and task metrics,
+    and the learning rate now; resets the window."""
+    loss, steps, norm, finite, waited = self._window.numpy()
+    results = {"loss": loss / max(steps, 1.0)}
     if "options" in self._step_kwargs:
-      metrics.append(self._window_norm)
-    results = _metric_results(metrics)
-    for metric in metrics + [self._window_norm]:
+      results["gradient_norm"] = norm / max(finite, 1.0)
+    results.update(_metric_results(self.metrics))
+    for metric in self.metrics:
       metric.reset_state()
-    results["learning_rate"] = self._learning_rate
+    self._window.assign(tf.zeros([5], tf.float64))
+    results["learning_rate"] = float(
+        optimization.current_learning_rate(self.optimizer))
+    if self._measures_input_wait():
+      results["input_wait_seconds"] = waited
     return results
 
   def _measures_input_wait(self) -> bool:
@@ -314,16 +345,6 @@ class TaskTrainer(orbit.StandardTrainer):
     """
     return self._coordinator is None and (
         not framework_config.is_op_determinism_enabled())
-
-  def read_and_reset_input_wait(self) -> Optional[float]:
-    """Returns the seconds steps waited for input since the last call; None
-    where it is not measured (see `_measures_input_wait`)."""
-    if not self._measures_input_wait():
-      return None
-    seconds = float(self._input_wait.numpy())
-    self._input_wait.assign(0.0)
-    return seconds
-
 
 class TaskEvaluator(orbit.StandardEvaluator):
   """Runs a Task's `validation_step` over the eval split on every replica.
