@@ -12,7 +12,7 @@ import hashlib
 import os
 import shutil
 import tempfile
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from absl import logging
 import orbit
@@ -118,8 +118,6 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   if mode not in MODES:
     raise errors.ConfigError(
         f"`mode` ({mode!r}) must be one of: {', '.join(MODES)}.")
-  training = mode in ("train", "train_and_eval")
-  evaluating = mode != "train"
   if runtime.distribution_strategy == "parameter_server":
     if config.on_nonfinite == "rollback":
       raise errors.ConfigError(
@@ -132,7 +130,93 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   if mode == "eval" and tf.train.latest_checkpoint(restore_dir) is None:
     raise errors.ConfigError(
         f"no checkpoint to evaluate in `model_dir` ({restore_dir}).")
+  parts = _build(task, mode, runtime, config)
+  with _write_directory(model_dir, parts.worker) as write_dir, (
+      preemption.PreemptionWatcher() if parts.training else
+      contextlib.nullcontext()) as watcher:
+    if parts.training and parts.worker.is_chief:
+      checkpoints.remove_interrupted_saves(write_dir)
+    early_stopping = None
+    if parts.config.early_stopping.metric is not None:
+      early_stopping = actions.EarlyStopping(
+          write_dir, parts.config.early_stopping, step_fn=parts.step)
+    controller = _controller(parts, write_dir, restore_dir, watcher,
+                             early_stopping)
+    if parts.resume_input_fn is not None and controller.step:
+      # The chief's checkpoint cannot hold every worker's iterator (and some
+      # pipelines cannot be saved at all): skip what was consumed instead.
+      skipped = parts.resume_input_fn(controller.step)
+      print(f"input | resuming: skips the {skipped} batch(es) trained on "
+            "before", flush=True)
+    return _run_mode(parts, controller, mode, model_dir, write_dir,
+                     early_stopping)
 
+
+@dataclasses.dataclass
+class _Parts:
+  """What `run` builds for a mode before the controller.
+
+  Attributes:
+    task: What is trained.
+    config: The loop settings, with batches rescaled for the replicas.
+    runtime: The runtime settings.
+    strategy: The distribution strategy.
+    worker: This process's place among the workers.
+    training: Whether the mode trains.
+    evaluating: Whether the mode evaluates.
+    model: The model.
+    optimizer: The optimizer (None in eval modes without EMA).
+    global_step: The global step.
+    checkpoint: What checkpoints hold.
+    trainer: Orbit trainer, when training.
+    evaluator: Orbit evaluator, when evaluating.
+    resume_input_fn: Skips consumed input on resume where the iterator is
+      not in the checkpoint; None otherwise.
+    features_spec: The eval input's features, for export signatures.
+  """
+  task: task_lib.Task
+  config: TrainerConfig
+  runtime: runtime_lib.RuntimeConfig
+  strategy: tf.distribute.Strategy
+  worker: cluster.WorkerInfo
+  training: bool
+  evaluating: bool
+  model: tf_keras.Model
+  optimizer: Optional[tf_keras.optimizers.Optimizer]
+  global_step: tf.Variable
+  checkpoint: tf.train.Checkpoint
+  trainer: Optional[runners.TaskTrainer] = None
+  evaluator: Optional[runners.TaskEvaluator] = None
+  resume_input_fn: Optional[Callable[[int], int]] = None
+  features_spec: Any = None
+
+  def step(self) -> int:
+    return int(self.global_step.numpy())
+
+  def averaged_weights(self):
+    """A context in which the model holds its EMA weights, if any."""
+    return optimization.averaged_weights(self.optimizer, self.strategy)
+
+  def all_finite(self) -> bool:
+    """Whether every model and optimizer variable is finite."""
+    return _all_finite(self.model.variables +
+                       optimization.optimizer_variables(self.optimizer))
+
+  def export(self, directory: str) -> None:
+    """Writes a serving SavedModel (EMA weights, if any) to `directory`."""
+    with self.averaged_weights():
+      exports.export(
+          self.model, self.task.export_signatures(self.model,
+                                                  self.features_spec),
+          directory)
+
+
+def _build(task: task_lib.Task, mode: str,
+           runtime: runtime_lib.RuntimeConfig,
+           config: TrainerConfig) -> _Parts:
+  """Builds the strategy, inputs, model, optimizer and Orbit runners."""
+  training = mode in ("train", "train_and_eval")
+  evaluating = mode != "train"
   strategy = runtime_lib.create_strategy(runtime)
   runtime_lib.set_precision_policy(runtime)
   runtime_lib.seed_everything(runtime)
@@ -168,162 +252,156 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
     if training or config.ema.enabled:
       # Evaluation builds it too with EMA: the averages are its slots.
       optimizer = build_optimizer(task, model, config, runtime,
-                                   replica_factor)
+                                  replica_factor)
     if training and config.on_nonfinite == "rollback":
       # A rollback may go back to a checkpoint saved before the first step;
       # it must hold the optimizer slots too, or they would keep the
       # non-finite values.
       optimization.create_slots(optimizer, model.trainable_variables)
-
-  def averaged_weights():
-    return optimization.averaged_weights(optimizer, strategy)
-
-  trainer = evaluator = None
-  checkpoint_items = {"model": model, "global_step": global_step}
+  items = {"model": model, "global_step": global_step}
   if optimizer is not None:
-    checkpoint_items["optimizer"] = optimizer
-  input_in_checkpoint = False
+    items["optimizer"] = optimizer
+  parts = _Parts(
+      task=task, config=config, runtime=runtime, strategy=strategy,
+      worker=worker, training=training, evaluating=evaluating, model=model,
+      optimizer=optimizer, global_step=global_step, checkpoint=None,
+      features_spec=eval_input.dataset.element_spec[0] if eval_input else None)
   if training:
-    trainer = runners.TaskTrainer(
+    parts.trainer = runners.TaskTrainer(
         task, model, optimizer, strategy, train_input, global_step,
         run_eagerly=runtime.run_eagerly, enable_xla=runtime.enable_xla,
         step_options=step_options(config), coordinator=coordinator)
-    checkpoint_items["discarded_batches"] = trainer.discarded_batches
-    input_in_checkpoint = (
-        config.input_position == "checkpoint" and worker.num_workers == 1 and
+    items["discarded_batches"] = parts.trainer.discarded_batches
+    if (config.input_position == "checkpoint" and worker.num_workers == 1 and
         coordinator is None and
-        inputs_lib.is_checkpointable(train_input.dataset))
-    if input_in_checkpoint:
-      checkpoint_items["train_iterator"] = trainer.train_iterator
+        inputs_lib.is_checkpointable(train_input.dataset)):
+      items["train_iterator"] = parts.trainer.train_iterator
     elif coordinator is not None:
       # Workers take steps in no fixed order: no position to resume exactly.
       logging.warning("parameter_server: the input position is not "
                       "checkpointed; a restarted run reads each worker's "
                       "shard from its start.")
+    elif config.input_position != "restart":
+      parts.resume_input_fn = parts.trainer.skip_input
   if evaluating:
-    evaluator = runners.TaskEvaluator(task, model, strategy, eval_input,
-                                      global_step,
-                                      run_eagerly=runtime.run_eagerly,
-                                      weights=averaged_weights)
-  resume_input_fn = None
-  if training and not input_in_checkpoint and coordinator is None and (
-      config.input_position != "restart"):
-    resume_input_fn = trainer.skip_input
-  finite_fn = None
+    parts.evaluator = runners.TaskEvaluator(
+        task, model, strategy, eval_input, global_step,
+        run_eagerly=runtime.run_eagerly, weights=parts.averaged_weights)
+  parts.checkpoint = tf.train.Checkpoint(**items)
+  return parts
+
+
+def _controller(parts: _Parts, write_dir: str, restore_dir: str,
+                watcher: Optional[preemption.PreemptionWatcher],
+                early_stopping: Optional[actions.EarlyStopping]
+                ) -> controller_lib.Controller:
+  """Builds the controller (which restores the newest checkpoint) and the
+  actions between loops."""
+  config, training = parts.config, parts.training
+  manager = checkpoints.create_manager(
+      parts.checkpoint, write_dir, config.max_to_keep, parts.global_step,
+      init_fn=((lambda: parts.task.initialize(parts.model, config.warm_start))
+               if training else None),
+      evaluated_fn=(
+          (lambda: continuous_eval.read_evaluated(write_dir))
+          if training and config.keep_until_evaluated else None))
+  train_writer = None
   if training:
-    finite_fn = lambda: _all_finite(  # pylint: disable=g-long-lambda
-        model.variables + optimization.optimizer_variables(optimizer))
-  signatures = None
-  if config.export.at_end or config.export.best:
-    features_spec = eval_input.dataset.element_spec[0]
-    signatures = lambda: task.export_signatures(model, features_spec)
+    train_writer = summaries.LazyWriter(os.path.join(write_dir, "train"))
+  controller = controller_lib.Controller(
+      global_step=parts.global_step,
+      trainer=parts.trainer,
+      evaluator=parts.evaluator,
+      strategy=parts.strategy,
+      train_actions=[
+          actions.OperativeConfigWriter(write_dir, train_writer),
+          actions.StatefulRandomCheck(parts.trainer.stateful_random_ops,
+                                      parts.runtime.deterministic)]
+      if training else None,
+      steps_per_loop=config.steps_per_loop if training else None,
+      checkpoint_manager=manager,
+      summary_interval=config.summary_interval if training else None,
+      eval_summary_dir=(os.path.join(write_dir, "eval")
+                        if parts.evaluating else None),
+      train_steps=config.train_steps,
+      checkpoint_interval=config.checkpoint_interval,
+      global_batch_size=config.global_batch_size,
+      train_summary_writer=train_writer,
+      scalars_fn=(lambda: loss_scale_scalars(parts.optimizer)) if training
+      else None,
+      partial_restore=not training,
+      restore_dir=restore_dir,
+      on_nonfinite=config.on_nonfinite,
+      max_rollbacks=config.max_rollbacks,
+      finite_fn=parts.all_finite if training else None,
+      resume_input_fn=parts.resume_input_fn,
+      preemption=watcher,
+      preemption_exit_code=config.preemption_exit_code,
+      num_workers=parts.worker.num_workers,
+      stop_fn=early_stopping.stop_reason if (
+          early_stopping is not None and training) else None,
+      profile=(profiler.ProfileWindow(config.profile_steps,
+                                      os.path.join(write_dir, "train"))
+               if training and config.profile_steps else None))
+  # Added once the controller exists: keeping the best checkpoint of an
+  # evaluated checkpoint on disk copies the one the controller restored.
+  controller.eval_actions = tuple(
+      _eval_actions(parts, controller, write_dir, early_stopping))
+  return controller
 
-  def export(directory: str) -> None:
-    with averaged_weights():
-      exports.export(model, signatures(), directory)
 
-  with _write_directory(model_dir, worker) as write_dir, (
-      preemption.PreemptionWatcher() if training else
-      contextlib.nullcontext()) as watcher:
-    if training and worker.is_chief:
-      checkpoints.remove_interrupted_saves(write_dir)
-    checkpoint = tf.train.Checkpoint(**checkpoint_items)
-    manager = checkpoints.create_manager(
-        checkpoint, write_dir, config.max_to_keep, global_step,
-        init_fn=((lambda: task.initialize(model, config.warm_start))
-                 if training else None),
-        evaluated_fn=(
-            (lambda: continuous_eval.read_evaluated(write_dir))
-            if training and config.keep_until_evaluated else None))
-    train_writer = None
-    if training:
-      train_writer = summaries.LazyWriter(os.path.join(write_dir, "train"))
-    early_stopping = None
-    if config.early_stopping.metric is not None:
-      early_stopping = actions.EarlyStopping(
-          write_dir, config.early_stopping,
-          step_fn=lambda: int(global_step.numpy()))
-    eval_actions = []
-    if config.best_checkpoint.metric is not None:
+def _eval_actions(parts: _Parts, controller: controller_lib.Controller,
+                  write_dir: str,
+                  early_stopping: Optional[actions.EarlyStopping]) -> list:
+  """Returns the actions after each evaluation: best checkpoint, early
+  stopping."""
+  found = []
+  if parts.config.best_checkpoint.metric is not None:
 
-      def save_best(prefix: str) -> None:
-        if training:
-          checkpoint.write(prefix)
-        else:  # Evaluating a checkpoint on disk: copy it, optimizer and all.
-          checkpoints.copy(controller.restored_path, prefix)
+    def save_best(prefix: str) -> None:
+      if parts.training:
+        parts.checkpoint.write(prefix)
+      else:  # Evaluating a checkpoint on disk: copy it, optimizer and all.
+        checkpoints.copy(controller.restored_path, prefix)
 
-      eval_actions.append(actions.BestCheckpoint(
-          write_dir, config.best_checkpoint,
-          step_fn=lambda: int(global_step.numpy()), save_fn=save_best,
-          export_fn=export if config.export.best else None))
-    if early_stopping is not None and evaluating:
-      eval_actions.append(early_stopping)
-    controller = controller_lib.Controller(
-        global_step=global_step,
-        trainer=trainer,
-        evaluator=evaluator,
-        strategy=strategy,
-        train_actions=[
-            actions.OperativeConfigWriter(write_dir, train_writer),
-            actions.StatefulRandomCheck(trainer.stateful_random_ops,
-                                        runtime.deterministic)]
-        if training else None,
-        eval_actions=eval_actions,
-        steps_per_loop=config.steps_per_loop if training else None,
-        checkpoint_manager=manager,
-        summary_interval=config.summary_interval if training else None,
-        eval_summary_dir=(os.path.join(write_dir, "eval")
-                          if evaluating else None),
-        train_steps=config.train_steps,
-        checkpoint_interval=config.checkpoint_interval,
-        global_batch_size=config.global_batch_size,
-        train_summary_writer=train_writer,
-        scalars_fn=(lambda: loss_scale_scalars(optimizer)) if training
-        else None,
-        partial_restore=not training,
-        restore_dir=restore_dir,
-        on_nonfinite=config.on_nonfinite,
-        max_rollbacks=config.max_rollbacks,
-        finite_fn=finite_fn,
-        resume_input_fn=resume_input_fn,
-        preemption=watcher,
-        preemption_exit_code=config.preemption_exit_code,
-        num_workers=worker.num_workers,
-        stop_fn=early_stopping.stop_reason if (
-            early_stopping is not None and training) else None,
-        profile=(profiler.ProfileWindow(config.profile_steps,
-                                        os.path.join(write_dir, "train"))
-                 if training and config.profile_steps else None))
+    found.append(actions.BestCheckpoint(
+        write_dir, parts.config.best_checkpoint, step_fn=parts.step,
+        save_fn=save_best,
+        export_fn=parts.export if parts.config.export.best else None))
+  if early_stopping is not None and parts.evaluating:
+    found.append(early_stopping)
+  return found
 
-    if resume_input_fn is not None and controller.step:
-      # The chief's checkpoint cannot hold every worker's iterator (and some
-      # pipelines cannot be saved at all): skip what was consumed instead.
-      skipped = resume_input_fn(controller.step)
-      print(f"input | resuming: skips the {skipped} batch(es) trained on "
-            "before", flush=True)
-    if mode == "eval":
-      return controller.evaluate(config.validation_steps)
-    if mode == "continuous_eval":
-      return _evaluate_continuously(controller, model_dir, config,
-                                    early_stopping)
-    output = {}
-    with _empty_input_is_a_config_error():
-      if mode == "train":
-        controller.train(config.train_steps)
-      else:
-        output = controller.train_and_evaluate(
-            config.train_steps, config.validation_steps,
-            eval_interval=config.validation_interval or None)
-        if output is None:  # Nothing left to train: evaluate.
-          output = controller.evaluate(config.validation_steps)
-    if config.export.at_end:
-      directory = os.path.join(write_dir, "export", str(controller.step))
-      export(directory)
-      print(f"export | SavedModel of step {controller.step} in {directory}",
-            flush=True)
-    print(f"train | finished at step {controller.step} | weights fingerprint "
-          f"{weights_fingerprint(model)}", flush=True)
-    return output
+
+def _run_mode(parts: _Parts, controller: controller_lib.Controller,
+              mode: str, model_dir: str, write_dir: str,
+              early_stopping: Optional[actions.EarlyStopping]
+              ) -> Dict[str, Any]:
+  """Runs `mode` with the built controller; returns the last eval results."""
+  config = parts.config
+  if mode == "eval":
+    return controller.evaluate(config.validation_steps)
+  if mode == "continuous_eval":
+    return _evaluate_continuously(controller, model_dir, config,
+                                  early_stopping)
+  output = {}
+  with _empty_input_is_a_config_error():
+    if mode == "train":
+      controller.train(config.train_steps)
+    else:
+      output = controller.train_and_evaluate(
+          config.train_steps, config.validation_steps,
+          eval_interval=config.validation_interval or None)
+      if output is None:  # Nothing left to train: evaluate.
+        output = controller.evaluate(config.validation_steps)
+  if config.export.at_end:
+    directory = os.path.join(write_dir, "export", str(controller.step))
+    parts.export(directory)
+    print(f"export | SavedModel of step {controller.step} in {directory}",
+          flush=True)
+  print(f"train | finished at step {controller.step} | weights fingerprint "
+        f"{weights_fingerprint(parts.model)}", flush=True)
+  return output
 
 
 def step_options(config: TrainerConfig) -> gradients.StepOptions:
