@@ -82,7 +82,7 @@ def write_for_task(task, data_dir: str, train_examples: int,
   task at it.
 
   Args:
-    task: An `ImageClassificationTask` reading tfds (its `data_dir` is set).
+    task: A `DatasetClassificationTask` reading tfds (its `data_dir` is set).
     data_dir: Where to write.
     train_examples: Examples in the training split; the evaluation split
       gets a fifth as many.
