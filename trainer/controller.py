@@ -1,15 +1,17 @@
 """`Controller`: Orbit's outer loop with a lean per-loop path.
 
-Everything but the per-loop hot path is `orbit.Controller`'s own: the modes
-(`evaluate`, `train_and_evaluate`, restoring), eval summaries and actions.
-`train` and `_train_n_steps` are replaced because Orbit's reads the global step
-from the device three times, converts every output to NumPy, writes and
-flushes every output as a summary on every loop and prints an unformatted
-dict; at `steps_per_loop=1` that kept raw Orbit at 0.42-0.61x of a bare
-`tf.function` loop on this stack (shared/NOTES.md). Here a loop costs one
-`tf.function` call, one scalar read for the progress line, and summaries only
-every `summary_interval` steps (scripts/benchmark.py measures the result).
-Checkpoints are saved at multiples of `checkpoint_interval`.
+Everything but the per-loop hot path is `orbit.Controller`'s own: `evaluate`,
+eval summaries and actions. `train` and `_train_n_steps` are replaced
+because Orbit's reads the global step from the device three times, converts
+every output to NumPy, writes and flushes every output as a summary on every
+loop and prints an unformatted dict; at `steps_per_loop=1` that kept raw
+Orbit at 0.42-0.61x of a bare `tf.function` loop on this stack
+(shared/NOTES.md). Here a loop costs one `tf.function` call, one small read
+(the loop's status), and summaries only every `summary_interval` steps
+(scripts/benchmark.py measures the result). Checkpoints are saved at
+multiples of `checkpoint_interval`. `train_and_evaluate` is replaced to
+evaluate at multiples of the interval and to stop early; `restore_checkpoint`
+to fall back past damaged checkpoints.
 """
 
 import time
@@ -41,7 +43,8 @@ class Controller(orbit.Controller):
   """`orbit.Controller` that prints a progress line per loop.
 
   Train summaries (mean loss, every task metric, the gradient norm, the
-  learning rate, steps/s, examples/s and what `scalars_fn` adds) are written
+  learning rate, steps/s, examples/s, the share of time spent waiting for
+  input and what `scalars_fn` adds) are written
   to `train_summary_writer` every `summary_interval` steps and at the final
   step, `train_steps`; a scheduled learning rate also after every loop.
   """

@@ -54,9 +54,11 @@ class TaskTrainer(orbit.StandardTrainer):
   """Runs a Task's `train_step` on every replica, `steps_per_loop` at a time.
 
   `train(n)` runs n steps inside one `tf.function` (a `tf.while_loop`) unless
-  `run_eagerly`, and returns the mean loss of those steps as `loss`. Task
-  metrics keep accumulating across loops until `read_and_reset_metrics()`, so
-  summaries cover every step since the last summary.
+  `run_eagerly`; `loop_status()` then reads what the loop reports (its mean
+  loss, a non-finite step, a scheduled learning rate) in one device read.
+  Task metrics and the window's sums keep accumulating across loops until
+  `read_and_reset_metrics()`, so summaries cover every step since the last
+  summary.
   """
 
   def __init__(self, task: task_lib.Task, model: tf_keras.Model,
@@ -190,12 +192,12 @@ class TaskTrainer(orbit.StandardTrainer):
                                 self.metrics, **self._step_kwargs)
 
   def create_train_loop_fn(self):
-    """Returns `loop(iterator, num_steps)`, which also records the mean loss.
+    """Returns `loop(iterator, num_steps)`, which also records the status.
 
     Orbit's loop discards step outputs, so a per-loop mean would need a
     metric reset and read in eager mode around every loop: about 1 ms per
     loop here, a fifth of a step at `steps_per_loop=1`. Summing inside the
-    compiled loop keeps one `tf.function` call per loop.
+    compiled loop keeps one `tf.function` call and one read per loop.
     """
 
     if self._coordinator is not None:
