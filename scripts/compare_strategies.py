@@ -156,7 +156,7 @@ def main(task_files: List[str], task: trainer.Task,
   try:
     variants = [parse_variant(text) for text in texts]
   except ValueError as e:
-    _fail(str(e))
+    cli.fail(str(e), program="compare_strategies.py")
   results = {}
   with tempfile.TemporaryDirectory() as root:
     extra = list(FLAGS.gin_param)
@@ -182,12 +182,6 @@ def main(task_files: List[str], task: trainer.Task,
           f"{result['examples_per_second']:12.0f}"
           f"{result['final_loss']:12.4f}{result['peak_memory_mib']:10.0f}")
   print("JSON " + json.dumps(results))
-
-
-def _fail(message: str) -> None:
-  print(f"compare_strategies.py: error: {message}", file=sys.stderr,
-        flush=True)
-  sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -43,3 +43,13 @@ def test_needs_a_gin_file():
   assert result.stderr.strip().splitlines() == [
       "benchmark_input.py: error: give a task's gin file, e.g. "
       "gin/cifar10.gin"]
+
+
+def test_a_bad_flag_names_this_script():
+  result = subprocess.run(
+      [sys.executable, "scripts/benchmark_input.py", "gin/mnist.gin",
+       "--no_such_flag"], cwd=helpers.REPO_ROOT, capture_output=True,
+      text=True, timeout=60)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [
+      "benchmark_input.py: error: Unknown command line flag 'no_such_flag'"]

@@ -45,3 +45,15 @@ def test_parse_variant():
           ["runtime.mixed_precision_dtype='float16'"])
   with pytest.raises(ValueError, match="is not NAME=ITEM"):
     compare_strategies.parse_variant("no-items")
+
+
+def test_a_malformed_variant_is_one_line():
+  result = subprocess.run(
+      [sys.executable, "scripts/compare_strategies.py", "gin/digits.gin",
+       "--variant=no-items"],
+      cwd=helpers.REPO_ROOT, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  # The error line is the last; TensorFlow may log before it (no CUDA).
+  assert result.stderr.strip().splitlines()[-1] == (
+      "compare_strategies.py: error: --variant 'no-items' is not "
+      "NAME=ITEM,ITEM,...")

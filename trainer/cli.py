@@ -182,8 +182,8 @@ def _quiet_teardown() -> None:
   gc.collect()
 
 
-def _fail(message: str, exit_code: int = USAGE_EXIT_CODE,
-          program: str = "train.py") -> None:
+def fail(message: str, exit_code: int = USAGE_EXIT_CODE,
+         program: str = "train.py") -> None:
   """Prints the error line last on stderr and exits with `exit_code`."""
   print(f"{program}: error: {message}", file=sys.stderr, flush=True)
   # TensorFlow's C++ threads may still log while the process winds down (a
@@ -193,12 +193,12 @@ def _fail(message: str, exit_code: int = USAGE_EXIT_CODE,
   sys.exit(exit_code)
 
 
-def parse_flags(argv: List[str]) -> List[str]:
+def parse_flags(argv: List[str], program: str = "train.py") -> List[str]:
   """Parses flags; a bad flag is one line on stderr and exit code 2."""
   try:
     return FLAGS(argv)
   except flags.Error as e:
-    _fail(str(e).splitlines()[0])
+    fail(str(e).splitlines()[0], program=program)
 
 
 @contextlib.contextmanager
@@ -221,7 +221,7 @@ def _one_line_failures():
     failure = (f"{type(e).__name__}: {first_line}", RUNTIME_ERROR_EXIT_CODE)
   if failure:
     _quiet_teardown()
-    _fail(*failure)
+    fail(*failure)
 
 
 def main(model_dir: str, task: task_lib.Task,
@@ -286,14 +286,14 @@ def run_tool(main: Callable[..., None], program: str, example: str) -> None:
     program: The script's name, for error lines.
     example: A gin file to suggest when none is given.
   """
-  argv = parse_flags(sys.argv)
+  argv = parse_flags(sys.argv, program)
   gin_files = argv[1:] + FLAGS.gin_file
   if not gin_files:
-    _fail(f"give a task's gin file, e.g. {example}", program=program)
+    fail(f"give a task's gin file, e.g. {example}", program=program)
   try:
     loaded = load_config(gin_files, FLAGS.gin_param)
   except errors.ConfigError as e:
-    _fail(str(e), program=program)
+    fail(str(e), program=program)
   app.run(lambda _: main(gin_files, *loaded), argv=argv[:1])
 
 
@@ -307,10 +307,10 @@ def run() -> None:
   """
   argv = parse_flags(sys.argv)
   if len(argv) > 1:
-    _fail(f"unexpected arguments: {' '.join(argv[1:])}")
+    fail(f"unexpected arguments: {' '.join(argv[1:])}")
   try:
     model_dir = _check_model_dir(FLAGS.model_dir)
     loaded = load_config(FLAGS.gin_file, FLAGS.gin_param)
   except errors.ConfigError as e:
-    _fail(str(e))
+    fail(str(e))
   app.run(lambda _: main(model_dir, *loaded), argv=sys.argv[:1])
