@@ -19,6 +19,7 @@ from absl import logging
 import gin
 import orbit
 
+from trainer import console
 from trainer import errors
 from trainer import exports
 from trainer import files
@@ -27,11 +28,6 @@ from trainer import summaries
 BEST_DIRECTORY = "best"
 BEST_RECORD = "best.json"
 EARLY_STOPPING_RECORD = "early_stopping.json"
-
-
-def _log(message: str) -> None:
-  logging.info(message)
-  print(message, flush=True)
 
 
 def _check_metric(name: str, metric: Optional[str],
@@ -131,8 +127,8 @@ class BestCheckpoint:
         os.remove(path)
     exports.keep_newest(os.path.join(self.directory, "export"),
                         1 if export else 0)
-    _log(f"best | step {step}: {self._config.metric} {value:.4f}, the best "
-         f"so far; kept in {self.directory}")
+    console.info(f"best | step {step}: {self._config.metric} {value:.4f}, "
+                 f"the best so far; kept in {self.directory}")
 
 
 @gin.configurable("early_stopping")
@@ -223,7 +219,7 @@ class EarlyStopping:
     self._mtime = os.stat(self._path).st_mtime_ns
     reason = self.stop_reason()
     if reason:
-      _log(f"early stopping | {reason}")
+      console.info(f"early stopping | {reason}")
 
   def stop_reason(self) -> Optional[str]:
     """Why training should stop now, or None to go on."""
@@ -273,10 +269,8 @@ class StatefulRandomCheck:
     self._done = True
     found = self._find_ops()
     if found:
-      message = (
+      console.warning(
           "runtime.deterministic: the train step uses stateful random ops "
           f"({', '.join(found[:3])}{', ...' if len(found) > 3 else ''}); "
           "their state is not checkpointed, so a resumed run will differ. "
           "Use tf.random.stateless_* ops seeded from the step.")
-      logging.warning(message)
-      print(f"warning | {message}", flush=True)

@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, Optional, Set, Tuple
 from absl import logging
 
 from trainer import checkpoints
+from trainer import console
 from trainer import errors
 from trainer import files
 
@@ -28,15 +29,9 @@ RECORD = os.path.join("eval", "evaluated.json")
 EvaluateFn = Callable[[str], Tuple[int, Dict[str, Any]]]
 
 
-def _log(message: str) -> None:
-  logging.info(message)
-  print(message, flush=True)
-
-
 def read_evaluated(model_dir: str) -> Set[int]:
   """Returns the steps a continuous evaluator has evaluated in `model_dir`."""
-  record = files.read_json(os.path.join(model_dir, RECORD)) or {}
-  return set(record.get("steps", []))
+  return EvaluatedRecord(model_dir).steps
 
 
 class EvaluatedRecord:
@@ -89,8 +84,8 @@ def run(model_dir: str, evaluate_fn: EvaluateFn, train_steps: int,
   """
   record = EvaluatedRecord(model_dir)
   if record.steps:
-    _log(f"continuous_eval | {len(record.steps)} checkpoint(s) already "
-         f"evaluated, up to step {max(record.steps)}")
+    console.info(f"continuous_eval | {len(record.steps)} checkpoint(s) "
+                 f"already evaluated, up to step {max(record.steps)}")
   output = {}
   last_seen = clock()
   while True:
@@ -100,11 +95,12 @@ def run(model_dir: str, evaluate_fn: EvaluateFn, train_steps: int,
       except (errors.ConfigError, OSError) as e:
         if os.path.exists(prefix + ".index"):
           logging.warning("cannot evaluate %s: %s", prefix, e)
-          _log(f"continuous_eval | skipped {prefix}: it cannot be restored")
+          console.info(
+              f"continuous_eval | skipped {prefix}: it cannot be restored")
         else:
-          _log(f"continuous_eval | missed {prefix}: deleted before it was "
-               "evaluated (set trainer.keep_until_evaluated=True in the "
-               "training run)")
+          console.info(f"continuous_eval | missed {prefix}: deleted before it "
+                       "was evaluated (set trainer.keep_until_evaluated=True "
+                       "in the training run)")
         continue
       record.add(step, output)
       last_seen = clock()
@@ -112,13 +108,14 @@ def run(model_dir: str, evaluate_fn: EvaluateFn, train_steps: int,
         return output
       reason = stop_fn() if stop_fn else None
       if reason:
-        _log(f"continuous_eval | stopping: {reason}")
+        console.info(f"continuous_eval | stopping: {reason}")
         return output
     if record.steps and max(record.steps) >= train_steps:
       return output
     if clock() - last_seen > timeout:
       logging.warning("no new checkpoint in %s for %s s; stopping.",
                       model_dir, timeout)
-      _log(f"continuous_eval | no new checkpoint for {timeout:g} s; stopping")
+      console.info(
+          f"continuous_eval | no new checkpoint for {timeout:g} s; stopping")
       return output
     sleep(poll_seconds)

@@ -23,6 +23,7 @@ import orbit
 import tensorflow as tf
 
 from trainer import checkpoints
+from trainer import console
 from trainer import errors
 from trainer import preemption as preemption_lib
 from trainer import profiler
@@ -32,11 +33,6 @@ from trainer import summaries
 # Above this share of loop time spent waiting for the input pipeline,
 # training is reported as input-bound.
 INPUT_BOUND_FRACTION = 0.2
-
-
-def _log(message: str) -> None:
-  logging.info(message)
-  print(message, flush=True)
 
 
 class Controller(orbit.Controller):
@@ -143,7 +139,7 @@ class Controller(orbit.Controller):
     self._last_saved_step = self._step
     self.restored_path = path
     if path:
-      _log(f"restored checkpoint {path} at step {self._step}")
+      console.info(f"restored checkpoint {path} at step {self._step}")
     return path
 
   def train(self, steps: int, checkpoint_at_completion: bool = True) -> None:
@@ -154,7 +150,7 @@ class Controller(orbit.Controller):
     """
     self._require("trainer", for_method="train")
     if self._step < steps:
-      _log(f"train | from step {self._step} to step {steps}")
+      console.info(f"train | from step {self._step} to step {steps}")
     if (self._on_nonfinite == "rollback" and self._step < steps and
         self.checkpoint_manager is not None and self._newest() is None):
       # A rollback needs a checkpoint to go back to, even at step 0.
@@ -172,7 +168,8 @@ class Controller(orbit.Controller):
       if self._discard_at is not None:
         if self._step == self._discard_at - 1:
           self.trainer.discard_batch()
-          _log(f"train | skipped the batch of step {self._discard_at}")
+          console.info(
+              f"train | skipped the batch of step {self._discard_at}")
           self._discard_at = None
         else:
           num_steps = min(num_steps, self._discard_at - 1 - self._step)
@@ -195,8 +192,8 @@ class Controller(orbit.Controller):
     if self.stop_reason is None and self._stop_fn is not None:
       self.stop_reason = self._stop_fn()
       if self.stop_reason:
-        _log(f"train | stopping early at step {self._step}: "
-             f"{self.stop_reason}")
+        console.info(f"train | stopping early at step {self._step}: "
+                     f"{self.stop_reason}")
     return self.stop_reason is not None
 
   def train_and_evaluate(self, train_steps: int, eval_steps: int = -1,
@@ -252,7 +249,7 @@ class Controller(orbit.Controller):
           f"newest checkpoint is step {self._last_saved_step}).", self._step)
     path = self.checkpoint_manager.save(checkpoint_number=self._step)
     self._last_saved_step = self._step
-    _log(f"saved checkpoint {path}")
+    console.info(f"saved checkpoint {path}")
     return True
 
   def _train_n_steps(self, num_steps: int) -> None:
@@ -284,7 +281,7 @@ class Controller(orbit.Controller):
       done = self._step - self._run_start[0]
       rate = done / max(now - self._run_start[1], 1e-9)
       eta = max(self._train_steps - self._step, 0) / rate
-    _log(summaries.progress_line(
+    console.info(summaries.progress_line(
         self._step, self._train_steps, steps_per_second,
         steps_per_second * self._global_batch_size, status.loss, eta))
 
@@ -343,12 +340,10 @@ class Controller(orbit.Controller):
                  self._step - self._window_steps, self._step, 100 * fraction)
     input_bound = fraction > INPUT_BOUND_FRACTION
     if input_bound and not self._input_bound:
-      message = (
+      console.warning(
           f"input-bound: the steps to {self._step} waited for the input "
           f"pipeline {100 * fraction:.0f}% of the time; python "
           "scripts/benchmark_input.py measures the pipeline alone")
-      logging.warning(message)
-      print(f"warning | {message}", flush=True)
     self._input_bound = input_bound  # Warn again only after a recovery.
     return fraction
 
@@ -373,9 +368,9 @@ class Controller(orbit.Controller):
     if self._resume_input_fn is not None:
       self._resume_input_fn(self._step)
     self._discard_at = step
-    _log(f"train | non-finite loss at step {step}: rolled back to step "
-         f"{self._step}, skipping that step's batch (rollback "
-         f"{self._rollbacks} of {self._max_rollbacks})")
+    console.info(f"train | non-finite loss at step {step}: rolled back to "
+                 f"step {self._step}, skipping that step's batch (rollback "
+                 f"{self._rollbacks} of {self._max_rollbacks})")
 
   @property
   def step(self) -> int:

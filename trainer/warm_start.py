@@ -13,12 +13,12 @@ import os
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from absl import logging
 import gin
 import tensorflow as tf
 import tf_keras
 
 from trainer import checkpoints
+from trainer import console
 from trainer import errors
 
 _VARIABLE = re.compile(r"<tf\.Variable '([^']+?)(?::\d+)?' shape=(\([^)]*\))")
@@ -155,7 +155,5 @@ def restore(model: tf_keras.Model, config: WarmStartConfig) -> Optional[str]:
       raise
     raise errors.ConfigError(
         f"warm start from {prefix}: {mismatch}.") from e
-  message = f"warm start | {what} from {prefix}"
-  logging.info(message)
-  print(message, flush=True)
+  console.info(f"warm start | {what} from {prefix}")
   return prefix
