@@ -10,6 +10,7 @@ import pytest
 
 import trainer
 from trainer import experiment
+from trainer import task as task_lib
 
 import helpers
 
@@ -63,3 +64,17 @@ def test_regularization_losses_are_divided_by_replicas(tmp_path):
   two_w, two_loss = _train(Regularized(), "mirrored", str(tmp_path / "two"))
   assert helpers.max_weight_difference(one_w, two_w) < TIGHT
   assert one_loss == pytest.approx(two_loss, rel=1e-5)
+
+
+def test_overrides_tells_a_replaced_hook_from_an_inherited_one():
+  class Plain(trainer.Task):
+    pass
+
+  class Gathering(Plain):
+
+    def preprocess_batch(self, batch, training, seed):
+      return batch
+
+  assert not task_lib.overrides(Plain(), "preprocess_batch")
+  assert task_lib.overrides(Gathering(), "preprocess_batch")
+  assert not task_lib.overrides(Gathering(), "train_step")

@@ -472,10 +472,6 @@ def make_input(task: task_lib.Task, training: bool,
   def preprocess(batch, seed):
     return task.preprocess_batch(batch, training, seed)
 
-  # Only an override costs a pipeline stage.
-  overridden = type(task).preprocess_batch is not (
-      task_lib.Task.preprocess_batch)
-
   return inputs_lib.DistributedInput(
       strategy, lambda ctx: task.build_inputs(training, ctx),
       config.global_batch_size if training else config.eval_batch_size,
@@ -484,7 +480,9 @@ def make_input(task: task_lib.Task, training: bool,
                        "trainer.eval_batch_size"),
       worker=worker, shard=training,
       private_threads=runtime.dataset_num_private_threads if training else 0,
-      batch_fn=preprocess if overridden else None,
+      # Only an override costs a pipeline stage.
+      batch_fn=(preprocess if task_lib.overrides(task, "preprocess_batch")
+                else None),
       deterministic=runtime.dataset_deterministic)
 
 

@@ -141,7 +141,7 @@ class TaskTrainer(orbit.StandardTrainer):
           f"steps` ({options.accumulation_steps}) equal micro-batches.")
     # Only the default `train_step` takes `options`; others get nothing.
     self._step_kwargs = {}
-    if type(task).train_step is task_lib.Task.train_step:
+    if not task_lib.overrides(task, "train_step"):
       self._step_kwargs["options"] = options
     elif options != gradients.StepOptions():
       raise errors.ConfigError(
@@ -348,6 +348,7 @@ class TaskTrainer(orbit.StandardTrainer):
     return self._coordinator is None and (
         not framework_config.is_op_determinism_enabled())
 
+
 class TaskEvaluator(orbit.StandardEvaluator):
   """Runs a Task's `validation_step` over the eval split on every replica.
 
@@ -381,8 +382,7 @@ class TaskEvaluator(orbit.StandardEvaluator):
       self.metrics = task.build_metrics(training=False)
       self._loss = tf_keras.metrics.Mean("loss")
     # Only a task that aggregates outputs pays for returning them.
-    self._aggregates = (
-        type(task).aggregate_logs is not task_lib.Task.aggregate_logs)
+    self._aggregates = task_lib.overrides(task, "aggregate_logs")
     self._weights = weights
     super().__init__(
         eval_input.dataset,

@@ -238,3 +238,9 @@ class Task:
     """Turns the state built by `aggregate_logs` into named eval results."""
     del aggregated_logs, global_step
     return {}
+
+
+def overrides(task: Task, hook: str) -> bool:
+  """Whether `task`'s class replaces `Task.<hook>` (the framework skips the
+  work a hook's default does not need)."""
+  return getattr(type(task), hook) is not getattr(Task, hook)
