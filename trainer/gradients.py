@@ -94,10 +94,8 @@ def accumulate(gradient_fn: GradientFn, inputs, model, optimizer,
       lambda index, *_: index < num_micro_batches, body,
       (tf.constant(1), loss, carried))
   scale = 1.0 / num_micro_batches
-  summed = [None] * len(grads)
-  for i, total in zip(used, carried):
-    summed[i] = total * tf.cast(scale, total.dtype)
-  return loss * scale, summed
+  return loss * scale, _in_place_of_present(
+      grads, [total * tf.cast(scale, total.dtype) for total in carried])
 
 
 def sum_over_replicas(grads: List[Optional[tf.Tensor]]
@@ -105,13 +103,19 @@ def sum_over_replicas(grads: List[Optional[tf.Tensor]]
   """Sums each gradient over the replicas in sync (in replica context)."""
   if tf.distribute.get_strategy().num_replicas_in_sync == 1:
     return grads
-  used = [i for i, g in enumerate(grads) if g is not None]
+  present = [g for g in grads if g is not None]
   summed = tf.distribute.get_replica_context().all_reduce(
-      tf.distribute.ReduceOp.SUM, [grads[i] for i in used])
-  result = [None] * len(grads)
-  for i, grad in zip(used, summed):
-    result[i] = grad
-  return result
+      tf.distribute.ReduceOp.SUM, present)
+  return _in_place_of_present(grads, summed)
+
+
+def _in_place_of_present(grads: List[Optional[tf.Tensor]],
+                         values: List[tf.Tensor]
+                         ) -> List[Optional[tf.Tensor]]:
+  """Returns `grads` with its non-None entries replaced, in order, by
+  `values`; None stays None (a variable the loss does not reach)."""
+  values = iter(values)
+  return [None if g is None else next(values) for g in grads]
 
 
 def _optimizer_must_aggregate() -> bool:

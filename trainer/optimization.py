@@ -388,14 +388,24 @@ def add_ema(optimizer: tf_keras.optimizers.Optimizer, model: tf_keras.Model,
   return ema
 
 
+def _wrappers(optimizer: Optional[tf_keras.optimizers.Optimizer]
+              ) -> Iterator[tf_keras.optimizers.Optimizer]:
+  """Yields `optimizer`, then each optimizer it wraps, outermost first: a
+  loss-scale optimizer's `inner_optimizer`, an EMA's averaged optimizer."""
+  while optimizer is not None:
+    yield optimizer
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if inner is None and isinstance(optimizer,
+                                    ema_optimizer.ExponentialMovingAverage):
+      inner = optimizer._optimizer  # pylint: disable=protected-access
+    optimizer = inner
+
+
 def find_ema(optimizer: Optional[tf_keras.optimizers.Optimizer]
              ) -> Optional[ExponentialMovingAverage]:
   """Returns the EMA optimizer inside `optimizer` (or itself), or None."""
-  while optimizer is not None:
-    if isinstance(optimizer, ema_optimizer.ExponentialMovingAverage):
-      return optimizer
-    optimizer = getattr(optimizer, "inner_optimizer", None)
-  return None
+  return next((wrapper for wrapper in _wrappers(optimizer) if isinstance(
+      wrapper, ema_optimizer.ExponentialMovingAverage)), None)
 
 
 @contextlib.contextmanager
@@ -431,14 +441,8 @@ def _swap(ema: ExponentialMovingAverage,
 def unwrap(optimizer: tf_keras.optimizers.Optimizer
            ) -> tf_keras.optimizers.Optimizer:
   """Returns the optimizer that owns the learning rate, inside any wrapper."""
-  while True:
-    inner = getattr(optimizer, "inner_optimizer", None)
-    if inner is None and isinstance(optimizer,
-                                    ema_optimizer.ExponentialMovingAverage):
-      inner = optimizer._optimizer  # pylint: disable=protected-access
-    if inner is None:
-      return optimizer
-    optimizer = inner
+  *_, innermost = _wrappers(optimizer)
+  return innermost
 
 
 def get_learning_rate(optimizer: tf_keras.optimizers.Optimizer):
@@ -473,9 +477,8 @@ def create_slots(optimizer: tf_keras.optimizers.Optimizer,
                  variables: List[tf.Variable]) -> None:
   """Creates the optimizer's slots for `variables` now, in the scope, rather
   than at the first `apply_gradients`."""
-  inner = optimizer
-  while isinstance(inner, tf_keras.mixed_precision.LossScaleOptimizer):
-    inner = inner.inner_optimizer
+  inner = next(wrapper for wrapper in _wrappers(optimizer) if not isinstance(
+      wrapper, tf_keras.mixed_precision.LossScaleOptimizer))
   if isinstance(inner, tf_keras.optimizers.legacy.Optimizer):
     inner._create_all_weights(variables)  # pylint: disable=protected-access
   else:
