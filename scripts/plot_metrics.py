@@ -214,6 +214,7 @@ def run_labels(model_dirs: Sequence[str]) -> List[str]:
           for path, name in zip(paths, basenames)]
 
 
+# Not `trainer.cli`'s: importing it would add train.py's flags to this tool.
 def _fail(message: str) -> None:
   print(f"plot_metrics.py: error: {message}", file=sys.stderr, flush=True)
   sys.exit(USAGE_EXIT_CODE)

@@ -18,8 +18,7 @@ from trainer import errors
 def load_shard(name: str, split: str, *, data_dir: Optional[str],
                input_context: Optional[tf.distribute.InputContext],
                shuffle_files: bool, shuffle_seed: int,
-               decode_images: bool = True,
-               batch_size: Optional[int] = None) -> tf.data.Dataset:
+               decode_images: bool = True) -> tf.data.Dataset:
   """Returns this input pipeline's part of `split`, as (image, label) pairs.
 
   The record files are read with a parallel interleave (16 files at a time,
@@ -34,7 +33,6 @@ def load_shard(name: str, split: str, *, data_dir: Optional[str],
     shuffle_seed: Seeds the file order.
     decode_images: False leaves images as their encoded bytes (to decode
       only a crop of them).
-    batch_size: As `tfds.load`'s: -1 returns the whole part as one batch.
 
   Raises:
     errors.ConfigError: If the dataset is not prepared in `data_dir`.
@@ -57,7 +55,6 @@ def load_shard(name: str, split: str, *, data_dir: Optional[str],
     return tfds.load(name, split=split, data_dir=data_dir,
                      as_supervised=True, shuffle_files=shuffle_files,
                      download=False, read_config=read_config,
-                     batch_size=batch_size,
                      decoders=None if decode_images else {
                          "image": tfds.decode.SkipDecoding()})
   except AssertionError as e:  # tfds's way of saying the data is not there.
