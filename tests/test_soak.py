@@ -13,9 +13,17 @@ STEPS = 20000
 
 
 def _rss_mib(pid):
-  with open(f"/proc/{pid}/status") as f:
-    kib = int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1))
-  return kib / 1024
+  """Resident memory of `pid` in MiB, or None once it has exited.
+
+  A process that exits between `poll()` and this read is a zombie whose
+  status has no VmRSS line (or, once reaped, no status file at all).
+  """
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      match = re.search(r"VmRSS:\s+(\d+) kB", f.read())
+  except FileNotFoundError:
+    return None
+  return int(match.group(1)) / 1024 if match else None
 
 
 @pytest.mark.slow
@@ -36,7 +44,9 @@ def test_memory_is_flat_over_20000_steps(tmp_path):
       progress = [l for l in run.lines[-20:] if l.startswith("train | step")]
       if progress:
         step = int(re.match(r"train \| step\s+(\d+)/", progress[-1]).group(1))
-        samples.append((step, _rss_mib(run.process.pid)))
+        rss = _rss_mib(run.process.pid)
+        if rss is not None:
+          samples.append((step, rss))
       time.sleep(0.5)
     assert run.finish() == 0, run.stderr[-2000:]
   finally:
