@@ -2,6 +2,7 @@
 on cached batches, on fake CIFAR-10 files, in a real process."""
 
 import json
+import statistics
 import subprocess
 import sys
 
@@ -11,13 +12,13 @@ import helpers
 def test_reports_pipeline_training_and_cached_rates():
   result = subprocess.run(
       [sys.executable, "scripts/benchmark_input.py", "gin/cifar10.gin",
-       "--fake_data=512", "--steps=20", "--rounds=1", "--cached_batches=4",
+       "--fake_data=512", "--steps=20", "--rounds=2", "--cached_batches=4",
        "--gin_param=trainer.global_batch_size=32"],
       cwd=helpers.REPO_ROOT, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
   lines = result.stdout.strip().splitlines()[-7:]
   assert lines[0].startswith("Cifar10Classification: global batch 32, 1 "
-                             "replica(s), 1 round(s) of 20 steps")
+                             "replica(s), 2 round(s) of 20 steps each")
   assert lines[1].split() == ["examples/s", "input", "wait"]
   assert [line.split()[0] for line in lines[2:5]] == [
       "pipeline", "training", "training,"]
@@ -26,9 +27,10 @@ def test_reports_pipeline_training_and_cached_rates():
                "training_examples_per_second", "cached_examples_per_second"):
     assert figures[name] > 0, name
   assert 0 <= figures["input_wait"] < 1
-  assert figures["step_time_ratio"] == (
-      figures["cached_examples_per_second"] /
-      figures["training_examples_per_second"])
+  assert len(figures["round_ratios"]) == 2
+  assert all(ratio > 0 for ratio in figures["round_ratios"])
+  assert figures["step_time_ratio"] == statistics.median(
+      figures["round_ratios"])
   verdict = "PASS" if figures["step_time_ratio"] <= 1.05 else "FAIL"
   assert lines[5].startswith("step time, real pipeline / cached batches: "
                              f"{figures['step_time_ratio']:.3f}x (target <= "
