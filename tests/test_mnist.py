@@ -51,15 +51,18 @@ def test_input_pipelines_read_disjoint_parts_of_a_one_file_split(tmp_path):
   fake_data.write("mnist", str(tmp_path), {"train": 40, "test": 8})
   task = mnist.MnistClassification(data_dir=str(tmp_path))
 
-  def images(context):
-    indices = list(task.build_inputs(True, context).as_numpy_iterator())
+  def first_epoch(context, count):
+    # The training indices go on forever, one shuffled epoch after another.
+    indices = list(task.build_inputs(True, context).take(count)
+                   .as_numpy_iterator())
     return [image.tobytes() for image in task.gather(indices, True)[0].numpy()]
 
-  shards = [images(tf.distribute.InputContext(num_input_pipelines=2,
-                                              input_pipeline_id=index))
+  shards = [first_epoch(tf.distribute.InputContext(
+      num_input_pipelines=2, input_pipeline_id=index), 20)
             for index in range(2)]
-  everything = images(None)
-  assert [len(shard) for shard in shards] == [20, 20]
+  everything = first_epoch(None, 40)
+  assert [len(set(shard)) for shard in shards] == [20, 20]
+  assert len(set(everything)) == 40
   assert not set(shards[0]) & set(shards[1])
   assert sorted(shards[0] + shards[1]) == sorted(everything)
 

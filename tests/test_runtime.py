@@ -194,6 +194,11 @@ def test_central_storage_strategy():
     (dict(per_gpu_thread_count=2),
      "`runtime.per_gpu_thread_count` needs `runtime.gpu_thread_mode`."),
     (dict(dataset_num_private_threads=-1), "must not be negative"),
+    (dict(dataset_batch_parallel_calls=-2),
+     "`runtime.dataset_batch_parallel_calls` (-2) must be -1 (AUTOTUNE), 0 "
+     "(in the prefetch thread) or a positive number."),
+    (dict(dataset_batch_parallel_calls=1.5),
+     "`runtime.dataset_batch_parallel_calls` (1.5) must be an integer."),
 ])
 def test_invalid_thread_settings(settings, message):
   with pytest.raises(errors.ConfigError) as raised:

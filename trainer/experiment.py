@@ -483,6 +483,7 @@ def make_input(task: task_lib.Task, training: bool,
       # Only an override costs a pipeline stage.
       batch_fn=(preprocess if task_lib.overrides(task, "preprocess_batch")
                 else None),
+      batch_fn_parallel_calls=runtime.dataset_batch_parallel_calls,
       deterministic=runtime.dataset_deterministic)
 
 

@@ -11,6 +11,7 @@ split path measured slightly faster than a distributed iterator.
 """
 
 from typing import Callable, Optional
+import weakref
 
 from absl import logging
 import tensorflow as tf
@@ -21,6 +22,25 @@ from trainer import errors
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 # (a batch, a stateless seed of shape [2]) -> the transformed batch.
 BatchFn = Callable[[object, tf.Tensor], object]
+
+# What `examples_from_blocks` returned, mapped to the blocks it unbatched.
+_BLOCKS: "weakref.WeakKeyDictionary[tf.data.Dataset, tf.data.Dataset]" = (
+    weakref.WeakKeyDictionary())
+
+
+def examples_from_blocks(blocks: tf.data.Dataset) -> tf.data.Dataset:
+  """Returns the examples of a dataset of example blocks: `blocks.unbatch()`.
+
+  Each element of `blocks` stacks examples on a leading axis of any length
+  (a shuffled epoch of indices, say). `DistributedInput` batches what this
+  returns a block at a time (`rebatch`, a cost per batch) instead of an
+  example at a time (`unbatch().batch(n)`, a cost per example, which tf.data
+  does not fuse): that halved the CPU time of the in-memory MNIST pipeline,
+  measured. Anything else reading the result sees plain examples.
+  """
+  examples = blocks.unbatch()
+  _BLOCKS[examples] = blocks
+  return examples
 
 
 def per_replica_batch_size(global_batch_size: int, num_replicas: int,
@@ -55,6 +75,7 @@ class DistributedInput:
                worker: cluster.WorkerInfo = cluster.WorkerInfo(),
                shard: bool = True, private_threads: int = 0,
                batch_fn: Optional[BatchFn] = None,
+               batch_fn_parallel_calls: int = 0,
                deterministic: bool = True):
     """Builds the worker's dataset.
 
@@ -74,6 +95,9 @@ class DistributedInput:
       batch_fn: Transforms each batch (vectorised preprocessing), given a
         seed that differs for every batch and input pipeline and is part of
         the iterator's state.
+      batch_fn_parallel_calls: `batch_fn` calls at once: 0 runs it in the
+        prefetch thread, without a thread of its own; -1 lets tf.data choose
+        (`AUTOTUNE`).
       deterministic: Keep the elements' order where tf.data could trade it
         for speed (parallel map and interleave).
     """
@@ -92,6 +116,7 @@ class DistributedInput:
     self._training = training
     self._private_threads = private_threads
     self._batch_fn = batch_fn
+    self._batch_fn_parallel_calls = batch_fn_parallel_calls or None
     self._deterministic = deterministic
     self.dataset = self.build()
 
@@ -107,22 +132,26 @@ class DistributedInput:
     if not isinstance(dataset, tf.data.Dataset):
       raise TypeError("`build_inputs` must return a `tf.data.Dataset`, got "
                       f"{type(dataset).__name__}.")
-    _check_not_empty(dataset, self.per_replica_batch_size *
-                     self._num_local_replicas if self._training else 1,
+    batch_size = self.per_replica_batch_size * self._num_local_replicas
+    _check_not_empty(dataset, batch_size if self._training else 1,
                      self._training)
+    blocks = _BLOCKS.get(dataset)
     if shard_examples is not None:
-      dataset = shard_examples(dataset)
+      dataset, blocks = shard_examples(dataset), None
+    if blocks is not None:
+      dataset = blocks
     if self._training:
       dataset = dataset.repeat()
-    dataset = dataset.batch(
-        self.per_replica_batch_size * self._num_local_replicas,
-        drop_remainder=self._training)
+    if blocks is None:
+      dataset = dataset.batch(batch_size, drop_remainder=self._training)
+    else:
+      dataset = dataset.rebatch(batch_size, drop_remainder=self._training)
     if self._batch_fn is not None:
       pipeline = tf.constant(self.input_context.input_pipeline_id, tf.int64)
       batch_fn = self._batch_fn
       dataset = dataset.enumerate().map(
           lambda index, batch: batch_fn(batch, tf.stack([pipeline, index])),
-          num_parallel_calls=tf.data.AUTOTUNE)
+          num_parallel_calls=self._batch_fn_parallel_calls)
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
     options = tf.data.Options()
     options.deterministic = self._deterministic

@@ -67,6 +67,10 @@ class RuntimeConfig:
     per_gpu_thread_count: Threads per GPU with `gpu_thread_mode`; 0 is 2.
     dataset_num_private_threads: A private tf.data thread pool of this size
       for the training input; 0 uses the shared pool.
+    dataset_batch_parallel_calls: `Task.preprocess_batch` calls at once: 0
+      runs them in the prefetch thread (best where training shares the CPU
+      with its input, measured), -1 lets tf.data choose (`AUTOTUNE`; for
+      heavy per-batch work on accelerator hosts), N runs N.
     dataset_deterministic: Keep the input's element order where tf.data
       could trade it for speed (parallel map and interleave); False may be
       faster, but then neither reruns nor resumed runs see the same batches.
@@ -88,6 +92,7 @@ class RuntimeConfig:
   gpu_thread_mode: Optional[str] = None
   per_gpu_thread_count: int = 0
   dataset_num_private_threads: int = 0
+  dataset_batch_parallel_calls: int = 0
   dataset_deterministic: bool = True
 
   def __post_init__(self):
@@ -101,7 +106,8 @@ class RuntimeConfig:
           f"`runtime.loss_scale` ({self.loss_scale!r}) must be "
           "'dynamic' or a positive number.")
     for name in ("num_packs", "num_gpus", "num_cpu_devices", "task_index",
-                 "per_gpu_thread_count", "dataset_num_private_threads"):
+                 "per_gpu_thread_count", "dataset_num_private_threads",
+                 "dataset_batch_parallel_calls"):
       if not _is_int(getattr(self, name)):
         raise errors.ConfigError(
             f"`runtime.{name}` ({getattr(self, name)!r}) must be "
@@ -202,6 +208,11 @@ class RuntimeConfig:
       raise errors.ConfigError(
           "`runtime.per_gpu_thread_count` and "
           "`runtime.dataset_num_private_threads` must not be negative.")
+    if self.dataset_batch_parallel_calls < -1:
+      raise errors.ConfigError(
+          "`runtime.dataset_batch_parallel_calls` "
+          f"({self.dataset_batch_parallel_calls}) must be -1 (AUTOTUNE), 0 "
+          "(in the prefetch thread) or a positive number.")
 
 
 def _is_int(value) -> bool:

@@ -42,11 +42,16 @@ class Task:
     applies `preprocess_batch` to each batch.
 
     Args:
-      training: True for the training split (the framework repeats it), False
+      training: True for the training split (the framework repeats it; it
+        may also be endless, one shuffled epoch after another), False
         for the evaluation split (read once, partial last batch included).
       input_context: Which input pipeline this is and how many exist; a task
         reading many files may shard by file with it. The framework does not
         shard again.
+
+    Examples held as blocks (tensors stacked on a leading axis) are best
+    returned as `trainer.inputs.examples_from_blocks(blocks)`: the framework
+    then batches them a block at a time.
     """
     raise NotImplementedError(
         f"{type(self).__name__} must define build_inputs.")
