@@ -135,17 +135,15 @@ class DistributedInput:
     batch_size = self.per_replica_batch_size * self._num_local_replicas
     _check_not_empty(dataset, batch_size if self._training else 1,
                      self._training)
-    blocks = _BLOCKS.get(dataset)
     if shard_examples is not None:
-      dataset, blocks = shard_examples(dataset), None
+      dataset = shard_examples(dataset)  # No longer blocks, if it was.
+    blocks = _BLOCKS.get(dataset)
     if blocks is not None:
       dataset = blocks
     if self._training:
       dataset = dataset.repeat()
-    if blocks is None:
-      dataset = dataset.batch(batch_size, drop_remainder=self._training)
-    else:
-      dataset = dataset.rebatch(batch_size, drop_remainder=self._training)
+    batch = dataset.batch if blocks is None else dataset.rebatch
+    dataset = batch(batch_size, drop_remainder=self._training)
     if self._batch_fn is not None:
       pipeline = tf.constant(self.input_context.input_pipeline_id, tf.int64)
       batch_fn = self._batch_fn
