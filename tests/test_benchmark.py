@@ -1,0 +1,36 @@
+"""scripts/benchmark.py: our runner against a bare loop, Orbit and Keras, in
+a real process."""
+
+import json
+import subprocess
+import sys
+
+import helpers
+
+CONTENDERS = ["ours", "bare", "orbit", "keras"]
+
+
+def test_reports_every_contender_and_its_ratio_to_bare():
+  result = subprocess.run(
+      [sys.executable, "scripts/benchmark.py", "--rounds=1", "--steps=100"],
+      cwd=helpers.REPO_ROOT, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-2000:]
+  lines = result.stdout.strip().splitlines()
+  figures = json.loads(lines[-1].removeprefix("JSON "))
+  assert sorted(figures) == ["steps_per_loop_1", "steps_per_loop_100",
+                             "vs_bare"]
+  for steps_per_loop, target in (("100", 0.97), ("1", 0.9)):
+    key = f"steps_per_loop_{steps_per_loop}"
+    rates, ratios = figures[key], figures["vs_bare"][key]
+    assert sorted(rates) == sorted(CONTENDERS) == sorted(ratios)
+    assert all(rate > 0 for rate in rates.values())
+    # One round: the median ratio is that round's ratio.
+    for name in CONTENDERS:
+      assert ratios[name] == rates[name] / rates["bare"], name
+    row = next(line for line in lines if line.startswith("ours ") and
+               f"target >= {target:.2f}x" in line)
+    verdict = "PASS" if ratios["ours"] >= target else "FAIL"
+    assert row.split()[1:] == [f"{rates['ours']:.1f}", f"{rates['ours']:.1f}",
+                               f"{rates['ours']:.1f}",
+                               f"{ratios['ours']:.3f}x", "target", ">=",
+                               f"{target:.2f}x:", verdict]
