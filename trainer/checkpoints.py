@@ -88,15 +88,18 @@ def copy(source: str, destination: str) -> None:
 
 
 def candidates(directory: str) -> List[str]:
-  """Returns the checkpoints in `directory`'s state file, newest first."""
+  """Returns the checkpoints in `directory`'s state file, newest first.
+
+  `tf.train.get_checkpoint_state` already joins the relative paths of the
+  state file onto `directory`, so the prefixes are usable as they come
+  (relative when `directory` is): joining again broke relative model_dirs.
+  """
   state = tf.train.get_checkpoint_state(directory)
   if state is None:
     return []
   paths = list(state.all_model_checkpoint_paths)
   if state.model_checkpoint_path and state.model_checkpoint_path not in paths:
     paths.append(state.model_checkpoint_path)
-  paths = [p if os.path.isabs(p) else os.path.join(directory, p)
-           for p in paths]
   return sorted(paths, key=number, reverse=True)
 
 
