@@ -51,10 +51,10 @@ def test_aggregate_logs_sees_every_eval_example_once(tmp_path, strategy):
       logs["errors"] = tf.abs(inputs[1] - model(inputs[0]))[:, 0]
       return logs
 
-    def aggregate_logs(self, state=None, step_logs=None):
-      state = [] if state is None else state
-      if step_logs is not None:
-        state.extend(t.numpy() for t in step_logs["errors"])
+    def aggregate_logs(self, state, step_logs):  # Model Garden's contract.
+      if state is None:
+        state = []
+      state.extend(t.numpy() for t in step_logs["errors"])
       return state
 
     def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
@@ -150,12 +150,11 @@ class _ConfusionDigits(digits.DigitsClassification):
     logs["predicted"] = tf.argmax(model(inputs[0], training=False), axis=-1)
     return logs
 
-  def aggregate_logs(self, state=None, step_logs=None):
-    state = np.zeros([10, 10], np.int64) if state is None else state
-    if step_logs is not None:
-      for labels, predicted in zip(step_logs["labels"],
-                                   step_logs["predicted"]):
-        np.add.at(state, (labels.numpy(), predicted.numpy()), 1)
+  def aggregate_logs(self, state, step_logs):  # Model Garden's contract.
+    if state is None:
+      state = np.zeros([10, 10], np.int64)
+    for labels, predicted in zip(step_logs["labels"], step_logs["predicted"]):
+      np.add.at(state, (labels.numpy(), predicted.numpy()), 1)
     return state
 
   def reduce_aggregated_logs(self, aggregated_logs, global_step=None):

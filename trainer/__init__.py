@@ -18,7 +18,8 @@ from trainer.experiment import MODES
 from trainer.experiment import run
 from trainer.experiment import TrainerConfig
 from trainer.runtime import RuntimeConfig
+from trainer.task import float32_outputs
 from trainer.task import Task
 
 __all__ = ["ConfigError", "MODES", "NonFiniteError", "Preempted",
-           "RuntimeConfig", "Task", "TrainerConfig", "run"]
+           "RuntimeConfig", "Task", "TrainerConfig", "float32_outputs", "run"]

@@ -1,5 +1,7 @@
 """Errors the framework reports as one line, each with its exit code."""
 
+import contextlib
+
 
 class ConfigError(ValueError):
   """A configuration problem; its message is one line naming the fix."""
@@ -31,3 +33,26 @@ class Preempted(Exception):
                      f"same command again to resume (exit code {exit_code})")
     self.step = step
     self.exit_code = exit_code
+
+
+@contextlib.contextmanager
+def raised_as_is():
+  """Re-raises the framework's own errors that reach it wrapped by AutoGraph.
+
+  An error raised while a step is traced (a `ConfigError` naming a hook's
+  mistake, say) comes out of `tf.function` as AutoGraph's `StagingError`,
+  whose message starts with "in user code:" and its frames; the original
+  is at the end of its `__context__` chain (one wrapper per nested
+  function).
+  """
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-except
+    inner = e
+    while (getattr(inner, "ag_error_metadata", None) is not None and
+           type(inner).__name__ == "StagingError" and inner.__context__):
+      inner = inner.__context__
+    if inner is not e and isinstance(
+        inner, (ConfigError, NonFiniteError, Preempted)):
+      raise inner from None
+    raise

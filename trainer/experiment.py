@@ -43,14 +43,37 @@ TrainerConfig = config_lib.TrainerConfig
 
 
 def ensure_built(model: tf_keras.Model, element_spec) -> None:
-  """Builds `model` from the input spec so checkpoints restore at once."""
+  """Builds `model` from the input spec so checkpoints restore at once.
+
+  Raises:
+    errors.ConfigError: If the model declares inputs one rank lower than
+      the batched features: the examples were batched already.
+  """
   if model.built:
+    _check_input_ranks(model, element_spec[0])
     return
   features_spec = element_spec[0]
   dummy = tf.nest.map_structure(
       lambda spec: tf.zeros([1] + spec.shape.as_list()[1:], spec.dtype),
       features_spec)
   model(dummy, training=False)
+
+
+def _check_input_ranks(model: tf_keras.Model, features_spec) -> None:
+  """Raises if batched features have one rank more than the model's inputs
+  (`build_inputs` batched with a fixed size, `batch(n, drop_remainder=True)`)."""
+  inputs = getattr(model, "inputs", None) or []
+  specs = tf.nest.flatten(features_spec)
+  if len(inputs) != len(specs):
+    return
+  for model_input, spec in zip(inputs, specs):
+    if (model_input.shape.rank is not None and spec.shape.rank is not None
+        and spec.shape.rank == model_input.shape.rank + 1):
+      raise errors.ConfigError(
+          f"`build_inputs` returns batched data: the model takes inputs of "
+          f"shape {model_input.shape} but each example has shape "
+          f"{spec.shape[1:]}: return single examples and let the framework "
+          "batch them (remove `.batch(...)`).")
 
 
 def loss_scale_scalars(
@@ -89,6 +112,7 @@ def build_optimizer(task: task_lib.Task, model: tf_keras.Model,
   return runtime_lib.wrap_optimizer(optimizer, runtime)
 
 
+@errors.raised_as_is()
 def run(task: task_lib.Task, mode: str, model_dir: str,
         runtime: Optional[runtime_lib.RuntimeConfig] = None,
         config: Optional[TrainerConfig] = None,

@@ -132,6 +132,7 @@ class DistributedInput:
     if not isinstance(dataset, tf.data.Dataset):
       raise TypeError("`build_inputs` must return a `tf.data.Dataset`, got "
                       f"{type(dataset).__name__}.")
+    check_unbatched(dataset.element_spec)
     batch_size = self.per_replica_batch_size * self._num_local_replicas
     _check_not_empty(dataset, batch_size if self._training else 1,
                      self._training)
@@ -195,6 +196,30 @@ class DistributedInput:
         replica_slice)
 
 
+def check_unbatched(element_spec) -> None:
+  """Raises if the examples look batched already.
+
+  `ds.batch(n)` gives every component a leading dimension of unknown size;
+  batched again by the framework, each step would hold n times the
+  configured examples, and losses and examples/s would be off by that
+  factor without any error.
+
+  Raises:
+    errors.ConfigError: Naming `build_inputs` and what to do.
+  """
+  specs = tf.nest.flatten(element_spec)
+  if specs and all(
+      isinstance(spec, tf.TensorSpec) and spec.shape.rank and
+      spec.shape[0] is None for spec in specs):
+    shapes = ", ".join(str(spec.shape) for spec in specs)
+    raise errors.ConfigError(
+        f"`build_inputs` returns batched data (every element has a leading "
+        f"dimension of unknown size: {shapes}): return single examples "
+        "and let the framework batch them (remove `.batch(...)`; batch "
+        "sizes are `trainer.global_batch_size` and "
+        "`trainer.eval_batch_size`).")
+
+
 def _check_not_empty(dataset: tf.data.Dataset, min_examples: int,
                      training: bool) -> None:
   """Raises if the dataset is known to hold fewer than `min_examples`.
@@ -212,9 +237,14 @@ def _check_not_empty(dataset: tf.data.Dataset, min_examples: int,
   if count == 0:
     raise errors.ConfigError(f"the {split} dataset is empty.")
   if count < min_examples:
+    leading = {spec.shape[0] if spec.shape.rank else None
+               for spec in tf.nest.flatten(dataset.element_spec)}
+    hint = ("" if None in leading or len(leading) != 1 else
+            f" (its elements look like batches of {leading.pop()}: "
+            "`build_inputs` must return single examples)")
     raise errors.ConfigError(
         f"the {split} dataset has {count} example(s), fewer than one batch "
-        f"({min_examples}); lower the batch size.")
+        f"({min_examples}); lower the batch size{hint}.")
 
 
 def is_checkpointable(dataset: tf.data.Dataset) -> bool:

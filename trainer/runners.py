@@ -15,6 +15,7 @@ import tensorflow as tf
 from tensorflow.python.framework import config as framework_config
 import tf_keras
 
+from trainer import console
 from trainer import errors
 from trainer import gradients
 from trainer import inputs as inputs_lib
@@ -109,6 +110,12 @@ class TaskTrainer(orbit.StandardTrainer):
           contextlib.nullcontext()):
       self._window = tf.Variable(tf.zeros([5], tf.float64), trainable=False,
                                  name="window_sums")
+    # Set when the step is first traced: whether it returns a gradient
+    # norm, and the other scalars it returns (with their window sums).
+    self._reports_norm = False
+    self._extras: Optional[tf.Variable] = None
+    self._extra_names: List[str] = []
+    self._dropped = set()  # Non-scalar names, warned about once.
     # What the host reads after each loop, in one read: the loop's mean
     # loss, the step whose loss was not finite (-1: none; the loop stops
     # right after it) and, for a schedule, the learning rate after the loop
@@ -291,10 +298,17 @@ class TaskTrainer(orbit.StandardTrainer):
       batch = next(iterator)
     batch = self._input.split(batch)
     logs = self.strategy.run(self._replica_step, args=(batch,))
+    if not isinstance(logs, dict) or "loss" not in logs:
+      raise errors.ConfigError(
+          f"{type(self.task).__name__}.train_step must return a dict with "
+          f"`loss`, got {type(logs).__name__}"
+          f"{' ' + str(sorted(logs)) if isinstance(logs, dict) else ''}.")
     loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, logs["loss"],
                                 axis=None)
+    self._add_extra_scalars(logs)
     norm = finite = tf.constant(0.0, tf.float64)
     if "gradient_norm" in logs:
+      self._reports_norm = True
       # Computed from the summed gradients: the same on every replica.
       norm = tf.cast(self.strategy.experimental_local_results(
           logs["gradient_norm"])[0], tf.float64)
@@ -306,6 +320,46 @@ class TaskTrainer(orbit.StandardTrainer):
          finite, waited]))
     self.global_step.assign_add(1)
     return tf.cast(loss, tf.float32)
+
+  def _add_extra_scalars(self, logs: Dict[str, object]) -> None:
+    """Adds the replica mean of every other scalar the step returned (an
+    override's `penalty`, say) to the window, for the train summaries.
+
+    The window variable is made at the first trace, when the names are
+    known, outside the function (`init_scope`), as Keras makes optimizer
+    slots.
+    """
+    names = []
+    for name in sorted(set(logs) - {"loss", "gradient_norm"}):
+      value = self.strategy.experimental_local_results(logs[name])[0]
+      if (isinstance(value, tf.Tensor) and value.shape.rank == 0 and
+          (value.dtype.is_floating or value.dtype.is_integer)):
+        names.append(name)
+      elif name not in self._dropped:
+        self._dropped.add(name)
+        console.warning(
+            f"{type(self.task).__name__}.train_step returned `{name}` "
+            f"({getattr(value, 'shape', type(value).__name__)}): only "
+            "scalars go to the train summaries")
+    if not names:
+      return
+    if self._extras is None:
+      with tf.init_scope(), (self.strategy.scope() if self._coordinator
+                             else contextlib.nullcontext()):
+        self._extras = tf.Variable(tf.zeros([len(names)], tf.float64),
+                                   trainable=False, name="window_extras")
+      self._extra_names = names
+    if names != self._extra_names:
+      raise errors.ConfigError(
+          f"{type(self.task).__name__}.train_step returned the scalars "
+          f"{names}, then {self._extra_names}: return the same keys in "
+          "every step.")
+    # The mean over replicas (a sum of per-replica shares, like `loss`,
+    # would need the task to say so).
+    means = [tf.cast(self.strategy.reduce(tf.distribute.ReduceOp.SUM,
+                                          logs[name], axis=None), tf.float64)
+             / self.strategy.num_replicas_in_sync for name in names]
+    self._extras.assign_add(tf.stack(means))
 
   def train_loop_end(self) -> Dict[str, tf.Variable]:
     """Returns `status`: the loop's mean loss, the step whose loss was not
@@ -326,8 +380,12 @@ class TaskTrainer(orbit.StandardTrainer):
     and the learning rate now; resets the window."""
     loss, steps, norm, finite, waited = self._window.numpy()
     results = {"loss": loss / max(steps, 1.0)}
-    if "options" in self._step_kwargs:
+    if self._reports_norm:
       results["gradient_norm"] = norm / max(finite, 1.0)
+    if self._extras is not None:
+      results.update(zip(self._extra_names,
+                         self._extras.numpy() / max(steps, 1.0)))
+      self._extras.assign(tf.zeros_like(self._extras))
     results.update(_metric_results(self.metrics))
     for metric in self.metrics:
       metric.reset_state()
@@ -397,7 +455,9 @@ class TaskEvaluator(orbit.StandardEvaluator):
   def eval_begin(self):
     for metric in self.metrics + [self._loss]:
       metric.reset_state()
-    return self.task.aggregate_logs() if self._aggregates else None
+    # No state yet: as in Model Garden, the first step's logs reach
+    # `aggregate_logs` with `state=None`.
+    return None
 
   def _replica_step(self, inputs):
     logs = dict(self.task.validation_step(inputs, self.model, self.metrics))
@@ -413,6 +473,8 @@ class TaskEvaluator(orbit.StandardEvaluator):
                                  logs)
 
   def eval_reduce(self, state=None, step_outputs=None):
+    if not self._aggregates:
+      return None
     return self.task.aggregate_logs(state, step_outputs)
 
   def eval_end(self, aggregated_logs=None) -> Dict[str, float]:

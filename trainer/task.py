@@ -7,11 +7,13 @@ across replicas, the global step, checkpoints and summaries. Hook names follow
 Model Garden's `official.core.base_task.Task`, so its users recognise them.
 """
 
+import functools
 from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 import tf_keras
 
+from trainer import errors
 from trainer import exports
 from trainer import gradients
 from trainer import optimization
@@ -28,7 +30,17 @@ class Task:
   GLOBAL batch so that a step does the same update on 1 or N replicas.
 
   Inputs are `(features, labels)` pairs unless a task overrides the steps.
+
+  A subclass's `build_losses` is checked wherever it is called (in the
+  default steps or in the task's own): a scalar instead of per-example
+  losses is a one-line error naming it, not TensorFlow's complaint about
+  `per_example_loss` deep inside a step, or a silently wrong loss.
   """
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    if "build_losses" in cls.__dict__:
+      cls.build_losses = _checked_losses(cls.__dict__["build_losses"])
 
   def build_model(self) -> tf_keras.Model:
     """Returns the model; called once, inside the strategy scope."""
@@ -196,9 +208,7 @@ class Task:
     """
     features, labels = inputs
     with tf.GradientTape() as tape:
-      outputs = model(features, training=True)
-      outputs = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32),
-                                      outputs)
+      outputs = float32_outputs(model(features, training=True))
       per_example_loss = self.build_losses(labels, outputs)
       loss = tf.nn.compute_average_loss(per_example_loss)
       if model.losses:
@@ -222,17 +232,19 @@ class Task:
       `aggregate_logs`.
     """
     features, labels = inputs
-    outputs = model(features, training=False)
-    outputs = tf.nest.map_structure(lambda t: tf.cast(t, tf.float32), outputs)
+    outputs = float32_outputs(model(features, training=False))
     self.process_metrics(metrics or [], labels, outputs)
     return {"loss": self.build_losses(labels, outputs)}
 
   def aggregate_logs(self, state: Any = None, step_logs: Any = None) -> Any:
-    """Folds one eval step's logs into `state`, eagerly; None to skip.
+    """Folds one eval step's logs into `state`, eagerly, as in Model Garden.
 
     Override to compute metrics that need every output (AUC over the whole
-    set, a confusion matrix). Each value of `step_logs` is a tuple with one
-    tensor per local replica, as in Model Garden.
+    set, a confusion matrix). Called once per eval step, in order: the first
+    step's call gets `state=None` (create the state then), each later one
+    the value the previous call returned; the last value goes to
+    `reduce_aggregated_logs`, which gets None if the eval set had no batch.
+    Each value of `step_logs` is a tuple with one tensor per local replica.
     """
     del step_logs
     return state
@@ -243,6 +255,36 @@ class Task:
     """Turns the state built by `aggregate_logs` into named eval results."""
     del aggregated_logs, global_step
     return {}
+
+
+def float32_outputs(outputs):
+  """Casts every floating tensor of `outputs` to float32.
+
+  Under `runtime.mixed_precision_dtype` float16 or bfloat16 a model computes
+  in that type; losses and metrics must see float32 (what the default steps
+  pass to `build_losses`). Call it in an overridden step too.
+  """
+  return tf.nest.map_structure(
+      lambda t: tf.cast(t, tf.float32) if t.dtype.is_floating else t, outputs)
+
+
+def _checked_losses(build_losses):
+  """Wraps a `build_losses` so that a scalar result raises `ConfigError`."""
+  if getattr(build_losses, "_checks_rank", False):
+    return build_losses
+
+  @functools.wraps(build_losses)
+  def checked(self, *args, **kwargs):
+    losses = build_losses(self, *args, **kwargs)
+    if getattr(getattr(losses, "shape", None), "rank", None) == 0:
+      raise errors.ConfigError(
+          f"{type(self).__name__}.build_losses returned a scalar: return "
+          "per-example losses, shape [batch] (drop the final mean; the "
+          "framework averages over the global batch).")
+    return losses
+
+  checked._checks_rank = True  # pylint: disable=protected-access
+  return checked
 
 
 def overrides(task: Task, hook: str) -> bool:
