@@ -229,6 +229,8 @@ def test_input_bound_training_is_measured_and_reported(tmp_path, capsys):
   assert len(slow) == 2 and slow[0] > 0.2 and slow[1] > 0.8
   assert ("warning | input-bound: the steps to 10 waited for the input "
           "pipeline") in out
+  # Both windows were input-bound; the advice is given once.
+  assert out.count("input-bound") == 1 and "preprocess_batch" in out
   # Digits' in-memory pipeline keeps ahead of its CNN (a linear model's
   # steps are as short as a batch's preparation: no use here).
   fast, out = _input_wait(tmp_path / "fast", digits.DigitsClassification(),

@@ -108,7 +108,7 @@ class Controller(orbit.Controller):
     self._num_workers = num_workers
     self._learning_rate = None  # The last one written.
     self._step_tensors = {}  # Steps per loop -> the same as a tensor.
-    self._input_bound = False  # Whether the last summary window was.
+    self._input_bound = False  # Whether training was found input-bound.
     self._stop_fn = stop_fn
     self._profile = profile
     self.stop_reason: Optional[str] = None  # Why training stopped early.
@@ -120,14 +120,17 @@ class Controller(orbit.Controller):
     self._window_steps = 0  # Steps and loop seconds since the last summary.
     self._window_seconds = 0.0
     self._run_start = None  # (step, time) after the first loop, for the ETA.
+    self._constructed = False
     super().__init__(**kwargs)
+    self._constructed = True
     self._step = int(self.global_step.numpy())
 
   def restore_checkpoint(self, checkpoint_path: Optional[str] = None):
     """Restores `checkpoint_path`, or the newest checkpoint, or initialises.
 
     Returns:
-      The restored path, or None when nothing was restored.
+      The restored path (also in `restored_path`), or None when nothing was
+      restored or when called from the constructor.
     """
     self._require("checkpoint_manager", for_method="restore_checkpoint")
     with self.strategy.scope():
@@ -140,7 +143,9 @@ class Controller(orbit.Controller):
     self.restored_path = path
     if path:
       console.info(f"restored checkpoint {path} at step {self._step}")
-    return path
+    # Orbit's constructor prints a restored path again, in its own words:
+    # it gets None (the path stays in `restored_path`).
+    return path if self._constructed else None
 
   def train(self, steps: int, checkpoint_at_completion: bool = True) -> None:
     """Trains until the global step reaches `steps`; see `orbit.Controller`.
@@ -216,7 +221,9 @@ class Controller(orbit.Controller):
       if eval_interval:
         target = min(train_steps,
                      (self._step // eval_interval + 1) * eval_interval)
-      self.train(target, checkpoint_at_completion=False)
+      # The final checkpoint (also of a run stopping early) is saved before
+      # the final evaluation, so an evaluation that fails loses no step.
+      self.train(target, checkpoint_at_completion=target >= train_steps)
       output = self.evaluate(eval_steps)
     self._maybe_save_checkpoint(check_interval=False)
     self._sync_on_async_checkpointing()
@@ -338,13 +345,15 @@ class Controller(orbit.Controller):
     fraction = min(waited / max(self._window_seconds, 1e-9), 1.0)
     logging.info("steps %d to %d waited for input %.1f%% of the time",
                  self._step - self._window_steps, self._step, 100 * fraction)
-    input_bound = fraction > INPUT_BOUND_FRACTION
-    if input_bound and not self._input_bound:
+    if fraction > INPUT_BOUND_FRACTION and not self._input_bound:
+      self._input_bound = True  # Once per run: the advice does not change.
       console.warning(
           f"input-bound: the steps to {self._step} waited for the input "
-          f"pipeline {100 * fraction:.0f}% of the time; python "
-          "scripts/benchmark_input.py measures the pipeline alone")
-    self._input_bound = input_bound  # Warn again only after a recovery.
+          f"pipeline {100 * fraction:.0f}% of the time (`input_wait_fraction`"
+          " in the train summaries). Do per-batch work in "
+          "`Task.preprocess_batch`, raise `runtime.dataset_batch_parallel_"
+          "calls`, or cache decoded data; python scripts/benchmark_input.py "
+          "measures the pipeline alone. (Tiny models wait for any input.)")
     return fraction
 
   def _recover_from_nonfinite(self, step: int) -> None:
