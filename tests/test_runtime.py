@@ -53,6 +53,10 @@ from trainer import runtime
     (dict(distribution_strategy="multi_worker_mirrored",
           worker_hosts="127.0.0.1:1,127.0.0.1:2"),
      "`runtime.task_index` (-1) must be in [0, 2)"),
+    (dict(distribution_strategy="multi_worker_mirrored",
+          worker_hosts="127.0.0.1:1", task_index=5),
+     "`runtime.task_index` (5) must be in [0, 1) for 1 "
+     "`runtime.worker_hosts`."),
     (dict(task_index=1), "`runtime.task_index` (1) needs "
      "`runtime.worker_hosts`."),
     (dict(distribution_strategy="multi_worker_mirrored", num_cpu_devices=2),

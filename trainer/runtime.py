@@ -172,7 +172,9 @@ class RuntimeConfig:
             "`runtime.worker_hosts` needs `runtime.distribution_strategy="
             f"'multi_worker_mirrored'`, not '{strategy}'.")
       hosts = cluster.parse_worker_hosts(self.worker_hosts)
-      if len(hosts) > 1 and not 0 <= self.task_index < len(hosts):
+      # One host may leave the index unset (-1: the only worker).
+      unset_alone = len(hosts) == 1 and self.task_index == -1
+      if not (0 <= self.task_index < len(hosts) or unset_alone):
         raise errors.ConfigError(
             f"`runtime.task_index` ({self.task_index}) must be in [0, "
             f"{len(hosts)}) for {len(hosts)} `runtime.worker_hosts`.")
