@@ -1,11 +1,30 @@
-"""trainer/console.py: each line is printed and logged with the same text."""
+"""trainer/console.py: each line shows once on a terminal, and is logged
+with the same text when absl's log goes to a file."""
 
+import io
 import logging
+import sys
+
+from absl import logging as absl_logging
+import pytest
 
 from trainer import console
 
 
-def test_info_prints_and_logs_the_line(capsys, caplog):
+@pytest.fixture
+def absl_stream(monkeypatch):
+  """Sets where absl's handler writes; returns a setter."""
+  handler = absl_logging.get_absl_handler().python_handler
+
+  def set_stream(stream):
+    monkeypatch.setattr(handler, "stream", stream)
+
+  return set_stream
+
+
+def test_info_prints_and_logs_the_line_when_the_log_is_a_file(
+    capsys, caplog, absl_stream):
+  absl_stream(io.StringIO())  # Stands in for a log file.
   with caplog.at_level(logging.INFO, logger="absl"):
     console.info("train | step 10/20")
   assert capsys.readouterr().out == "train | step 10/20\n"
@@ -13,9 +32,23 @@ def test_info_prints_and_logs_the_line(capsys, caplog):
       (logging.INFO, "train | step 10/20")]
 
 
-def test_warning_prints_a_marked_line_and_logs_a_warning(capsys, caplog):
+def test_warning_prints_a_marked_line_and_logs_a_warning(
+    capsys, caplog, absl_stream):
+  absl_stream(io.StringIO())
   with caplog.at_level(logging.INFO, logger="absl"):
     console.warning("input-bound: 30%")
   assert capsys.readouterr().out == "warning | input-bound: 30%\n"
   assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
       (logging.WARNING, "input-bound: 30%")]
+
+
+@pytest.mark.parametrize("stream", [sys.__stderr__, "sys.stderr"])
+def test_lines_are_not_logged_again_to_the_terminal(capsys, caplog,
+                                                    absl_stream, stream):
+  absl_stream(sys.stderr if stream == "sys.stderr" else stream)
+  with caplog.at_level(logging.INFO, logger="absl"):
+    console.warning("input-bound: 30%")
+    console.info("train | step 10/20")
+  assert capsys.readouterr().out == ("warning | input-bound: 30%\n"
+                                     "train | step 10/20\n")
+  assert not caplog.records

@@ -16,6 +16,21 @@ def test_write_text_replaces_and_leaves_no_temporary(tmp_path):
   assert os.listdir(tmp_path / "sub") == ["file.txt"]
 
 
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o027, 0o640),
+                                        (0o002, 0o664)])
+def test_written_files_follow_the_umask(tmp_path, umask, mode):
+  previous = os.umask(umask)
+  try:
+    path = str(tmp_path / "record.json")
+    files.write_json(path, {"step": 1})
+    with open(tmp_path / "plain", "w") as f:  # What `open` gives, for scale.
+      f.write("x")
+  finally:
+    os.umask(previous)
+  assert os.stat(path).st_mode & 0o777 == mode
+  assert os.stat(tmp_path / "plain").st_mode & 0o777 == mode
+
+
 def test_json_round_trip_and_missing_file(tmp_path):
   path = str(tmp_path / "record.json")
   assert files.read_json(path) is None

@@ -2,19 +2,31 @@
 
 `train.py` tells what happens one line at a time on stdout
 (`train | step ...`, `best | ...`, `warning | ...`), flushed so that a
-launcher's log shows each line at once; absl's log gets the same text.
+launcher's log shows each line at once. absl's log gets the same text when
+it goes to a file; when it goes to the terminal (absl's default, stderr)
+the line is printed only, so it shows once.
 """
+
+import sys
 
 from absl import logging
 
 
+def _log_reaches_terminal() -> bool:
+  """Whether absl's log goes to stderr, where the printed line shows too."""
+  handler = logging.get_absl_handler().python_handler
+  return getattr(handler, "stream", None) in (sys.stderr, sys.__stderr__)
+
+
 def info(message: str) -> None:
   """Prints `message` and logs it at INFO."""
-  logging.info(message)
+  if not _log_reaches_terminal():
+    logging.info(message)
   print(message, flush=True)
 
 
 def warning(message: str) -> None:
   """Prints `warning | message` and logs `message` at WARNING."""
-  logging.warning(message)
+  if not _log_reaches_terminal():
+    logging.warning(message)
   print(f"warning | {message}", flush=True)

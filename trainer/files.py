@@ -14,14 +14,25 @@ import uuid
 from typing import Any, Callable, Optional
 
 
+def _umask() -> int:
+  mask = os.umask(0)  # The only way to read it is to set it.
+  os.umask(mask)
+  return mask
+
+
 def write_text(path: str, text: str) -> None:
-  """Writes `text` to `path` through a temporary file and a rename."""
+  """Writes `text` to `path` through a temporary file and a rename.
+
+  The file gets the mode an `open(path, "w")` would (0644 under umask 022),
+  like the checkpoints beside it, not the temporary file's 0600.
+  """
   directory = os.path.dirname(path) or "."
   os.makedirs(directory, exist_ok=True)
   with tempfile.NamedTemporaryFile("w", dir=directory, delete=False,
                                    prefix=".tmp-", suffix=".part") as f:
     f.write(text)
     f.flush()
+    os.fchmod(f.fileno(), 0o666 & ~_umask())
     os.fsync(f.fileno())
   os.replace(f.name, path)
 
