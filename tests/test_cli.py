@@ -49,6 +49,13 @@ def test_bad_configuration_is_one_clear_line(files, params, message):
   assert str(raised.value) == message
 
 
+def test_a_gin_file_that_is_a_directory_is_named_so(tmp_path):
+  with pytest.raises(errors.ConfigError) as raised:
+    cli.load_config([str(tmp_path)], [])
+  assert str(raised.value) == (f"--gin_file: {tmp_path} is a directory, not "
+                               "a gin file.")
+
+
 def test_gin_file_errors_name_file_and_line(tmp_path):
   bad_syntax = tmp_path / "bad.gin"
   bad_syntax.write_text("import tasks.digits\ntrainer.train_steps = = 3\n")
@@ -61,7 +68,9 @@ def test_gin_file_errors_name_file_and_line(tmp_path):
   bad_import.write_text("import no_such_module_xyz\n")
   with pytest.raises(errors.ConfigError,
                      match=f"^{bad_import}:1: cannot import: No module named "
-                     "'no_such_module_xyz'$"):
+                     "'no_such_module_xyz' \\(looked in the working directory "
+                     f"and beside the gin files: .*, {tmp_path}; or add its "
+                     "directory to PYTHONPATH\\)$"):
     cli.load_config([str(bad_import)], [])
 
   no_task = tmp_path / "no_task.gin"
@@ -93,6 +102,13 @@ def test_model_dir_checks(tmp_path, monkeypatch):
   assert str(raised.value) == (f"--model_dir ({a_file}/run) cannot be "
                                f"created: {a_file} is a file.")
   assert cli._check_model_dir(str(tmp_path / "new" / "dir"))
+  os.symlink(tmp_path / "gone", tmp_path / "dangling")
+  for form in ("dangling", "dangling/"):
+    with pytest.raises(errors.ConfigError) as raised:
+      cli._check_model_dir(str(tmp_path / form))
+    assert str(raised.value) == (
+        f"--model_dir ({tmp_path / form}) is a symlink to {tmp_path}/gone, "
+        "which does not exist.")
   # Root may write anywhere, so permissions are simulated: `os.access` is
   # what the check asks.
   monkeypatch.setattr(cli.os, "access", lambda path, mode: False)
@@ -465,3 +481,24 @@ def test_features_together_through_the_command_line(tmp_path):
   assert rates[100] == pytest.approx(0.1)
   assert rates[600] == pytest.approx(0.0, abs=1e-7)
   assert all(norm > 0 for _, norm in train["gradient_norm"])
+
+
+def test_a_save_over_the_file_size_limit_is_not_reported_as_empty_input(
+    tmp_path):
+  import resource  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+
+  def limit_file_size():  # Summaries fit; the checkpoint does not.
+    resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
+
+  result = subprocess.run(
+      [sys.executable, helpers.TRAIN_PY, f"--gin_file={DIGITS}",
+       f"--model_dir={tmp_path / 'run'}", "--gin_param=trainer.train_steps=100"],
+      cwd=helpers.REPO_ROOT, preexec_fn=limit_file_size, capture_output=True,
+      text=True, timeout=300)
+  last = result.stderr.strip().splitlines()[-1]
+  assert result.returncode == 1
+  assert last.startswith("train.py: error: OutOfRangeError: ")
+  assert last.endswith("File too large"), last
+  assert "yields no batch" not in result.stderr

@@ -30,6 +30,7 @@ from trainer import errors
 from trainer import experiment
 from trainer import runtime as runtime_lib
 from trainer import task as task_lib
+from trainer import user_errors
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USAGE_EXIT_CODE = 2
@@ -48,14 +49,22 @@ flags.DEFINE_bool("dry_run", False, "Validate the configuration, build the "
                   "model and datasets, run one train and one eval step in a "
                   "temporary directory, print the resolved config and exit; "
                   "--model_dir is not touched.")
+flags.DEFINE_bool("full_traceback", False, "On an error, print the full "
+                  "traceback (TensorFlow's and Keras's frames included) "
+                  "before the one-line summary; also set by the environment "
+                  f"variable {user_errors.FULL_TRACEBACK_ENV}=1.")
 
 
 @gin.configurable("experiment")
 def configured_task(task: task_lib.Task = gin.REQUIRED) -> task_lib.Task:
   """Returns the Task bound as `experiment.task = @SomeTask()`."""
+  if inspect.isclass(task) and issubclass(task, task_lib.Task):
+    raise errors.ConfigError(
+        f"`experiment.task = @{task.__name__}` passes the class; write "
+        f"`@{task.__name__}()` to pass an instance.")
   if not isinstance(task, task_lib.Task):
     raise errors.ConfigError(f"`experiment.task` must be a trainer.Task, got "
-                     f"{type(task).__name__}.")
+                             f"{type(task).__name__}.")
   return task
 
 
@@ -97,6 +106,11 @@ def _one_line(error: BaseException) -> str:
   """Condenses a gin or validation error to `location: problem`."""
   if isinstance(error, SyntaxError):
     text = (error.msg or "").split(" (line")[0].rstrip(".")
+    bare = re.search(r"Failed to parse token '([\w.]+)'", text)
+    if text.startswith("malformed node or string") and bare:
+      # `x = MyTask()`: gin values are literals or `@references`.
+      text = (f"`{bare.group(1)}` is not a value: write `@{bare.group(1)}()` "
+              "for an instance of a configurable, or quote a string")
     if error.filename:
       return f"{error.filename}:{error.lineno}: gin syntax error: {text}"
     where = f" in {error.text.strip()!r}" if (error.text or "").strip() else ""
@@ -133,25 +147,49 @@ def load_config(gin_files: Sequence[str], gin_params: Sequence[str]
   Raises:
     errors.ConfigError: With a one-line description of the first problem.
   """
-  # Gin files may `import` a user's module from the working directory, and
-  # name repository configs (`gin/digits.gin`) from anywhere.
-  if os.getcwd() not in sys.path:
-    sys.path.insert(0, os.getcwd())
   gin.add_config_file_search_path(REPO_ROOT)
   if not gin_files:
     raise errors.ConfigError(
         "no --gin_file given; try --gin_file=gin/digits.gin")
-  for path in gin_files:
-    if not any(os.path.isfile(os.path.join(base, path))
-               for base in ("", REPO_ROOT)):
-      raise errors.ConfigError(f"--gin_file: no such file: {path}")
+  found = [_find_gin_file(path) for path in gin_files]
+  # Gin files may `import` a user's module kept in the working directory or
+  # beside the gin file, and name repository configs (`gin/digits.gin`)
+  # from anywhere.
+  module_dirs = [os.getcwd()] + [
+      os.path.dirname(path) for path in found
+      if not path.startswith(os.path.join(REPO_ROOT, "gin", ""))]
+  for directory in reversed(list(dict.fromkeys(module_dirs))):
+    if directory not in sys.path:
+      sys.path.insert(0, directory)
   try:
     gin.parse_config_files_and_bindings(gin_files, gin_params,
                                         skip_unknown=False)
     task = configured_task()
     return task, runtime_lib.RuntimeConfig(), experiment.TrainerConfig()
   except Exception as e:  # Gin re-raises the user's errors with context.
-    raise errors.ConfigError(_one_line(e)) from e
+    message = _one_line(e)
+    if isinstance(e, ModuleNotFoundError):
+      message += (" (looked in the working directory and beside the gin "
+                  f"files: {', '.join(dict.fromkeys(module_dirs))}; or add "
+                  "its directory to PYTHONPATH)")
+    raise errors.ConfigError(message) from e
+
+
+def _find_gin_file(path: str) -> str:
+  """Returns the absolute path of `path`, relative to the working directory
+  or to this repository.
+
+  Raises:
+    errors.ConfigError: If it is neither.
+  """
+  for base in ("", REPO_ROOT):
+    candidate = os.path.join(base, path)
+    if os.path.isfile(candidate):
+      return os.path.abspath(candidate)
+    if os.path.isdir(candidate):
+      raise errors.ConfigError(f"--gin_file: {path} is a directory, not a "
+                               "gin file.")
+  raise errors.ConfigError(f"--gin_file: no such file: {path}")
 
 
 def _check_model_dir(model_dir: Optional[str]) -> str:
@@ -160,6 +198,10 @@ def _check_model_dir(model_dir: Optional[str]) -> str:
   if os.path.exists(model_dir) and not os.path.isdir(model_dir):
     raise errors.ConfigError(
         f"--model_dir ({model_dir}) is a file, not a directory.")
+  if os.path.islink(model_dir.rstrip("/")) and not os.path.exists(model_dir):
+    raise errors.ConfigError(
+        f"--model_dir ({model_dir}) is a symlink to "
+        f"{os.readlink(model_dir.rstrip('/'))}, which does not exist.")
   existing = os.path.abspath(model_dir)
   while not os.path.exists(existing):
     existing = os.path.dirname(existing)
@@ -190,7 +232,11 @@ def fail(message: str, exit_code: int = USAGE_EXIT_CODE,
   # peer's collective failing, say); the error line stays the last one.
   devnull = os.open(os.devnull, os.O_WRONLY)
   os.dup2(devnull, sys.stderr.fileno())
-  sys.exit(exit_code)
+  sys.stdout.flush()
+  # After an error in a prefetched input, interpreter exit may wait forever
+  # in ~IteratorResource for the prefetch thread (1 run in 5 here); what must
+  # be written (checkpoints, summaries) already is.
+  os._exit(exit_code)  # pylint: disable=protected-access
 
 
 def parse_flags(argv: List[str], program: str = "train.py") -> List[str]:
@@ -203,22 +249,34 @@ def parse_flags(argv: List[str], program: str = "train.py") -> List[str]:
 
 @contextlib.contextmanager
 def _one_line_failures():
-  """Turns the errors a run reports into one stderr line and an exit code."""
+  """Turns the errors a run reports into one stderr line and an exit code.
+
+  The framework's own errors keep their message. Any other error, most
+  often raised by the task's code while it is traced or run, is condensed
+  to its cause and the user's file, line and hook (`user_errors.describe`),
+  after the full traceback if `--full_traceback` asks for it.
+  """
+  full = (FLAGS["full_traceback"].value or
+          user_errors.full_traceback_requested())
+  if full:
+    # TensorFlow and Keras otherwise cut their own frames out.
+    tf.debugging.disable_traceback_filtering()
   failure = None
   try:
     yield
   except errors.ConfigError as e:
     failure = (str(e), USAGE_EXIT_CODE)
-  except errors.NonFiniteError as e:
+  except (errors.NonFiniteError, errors.RunError) as e:
     failure = (str(e), RUNTIME_ERROR_EXIT_CODE)
   except errors.Preempted as e:
     failure = (str(e), e.exit_code)
-  except tf.errors.OpError as e:
-    # A failed peer (UnavailableError), a lost device, a full disk: the
-    # TensorFlow message's first line names it; checkpoints already written
-    # stay, and a restart resumes from the newest.
-    first_line = (e.message.strip().splitlines() or [""])[0]
-    failure = (f"{type(e).__name__}: {first_line}", RUNTIME_ERROR_EXIT_CODE)
+  except Exception as e:  # pylint: disable=broad-except
+    # A failed peer (UnavailableError), a lost device, a full disk or a
+    # mistake in the task: checkpoints already written stay, and a restart
+    # resumes from the newest.
+    if full:
+      print(user_errors.full_traceback(e), end="", file=sys.stderr)
+    failure = (user_errors.describe(e), RUNTIME_ERROR_EXIT_CODE)
   if failure:
     _quiet_teardown()
     fail(*failure)
