@@ -86,7 +86,8 @@ def test_two_workers_train_digits_in_sync(tmp_path):
       "checkpoint", "ckpt-300.data-00000-of-00001", "ckpt-300.index", "eval",
       "operative_config.gin", "train"]
   assert len(os.listdir(model_dir / "train")) == 1
-  assert len(os.listdir(model_dir / "eval")) == 1
+  eval_files = sorted(os.listdir(model_dir / "eval"))
+  assert len(eval_files) == 2 and eval_files[0] == "evaluated.json"
   # The other worker saved into a temporary directory, since removed.
   other_dir = re.search(r"saved checkpoint (\S+)/ckpt-300", other).group(1)
   assert other_dir != str(model_dir) and not os.path.exists(other_dir)

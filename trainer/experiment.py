@@ -23,12 +23,14 @@ from trainer import actions
 from trainer import checkpoints
 from trainer import cluster
 from trainer import config as config_lib
+from trainer import console
 from trainer import continuous_eval
 from trainer import controller as controller_lib
 from trainer import errors
 from trainer import exports
 from trainer import gradients
 from trainer import inputs as inputs_lib
+from trainer import lease
 from trainer import optimization
 from trainer import preemption
 from trainer import profiler
@@ -50,7 +52,7 @@ def ensure_built(model: tf_keras.Model, element_spec) -> None:
       the batched features: the examples were batched already.
   """
   if model.built:
-    _check_input_ranks(model, element_spec[0])
+    check_input_ranks(model, element_spec[0])
     return
   features_spec = element_spec[0]
   dummy = tf.nest.map_structure(
@@ -59,9 +61,13 @@ def ensure_built(model: tf_keras.Model, element_spec) -> None:
   model(dummy, training=False)
 
 
-def _check_input_ranks(model: tf_keras.Model, features_spec) -> None:
+def check_input_ranks(model: tf_keras.Model, features_spec) -> None:
   """Raises if batched features have one rank more than the model's inputs
-  (`build_inputs` batched with a fixed size, `batch(n, drop_remainder=True)`)."""
+  (`build_inputs` batched with a fixed size, `batch(n, drop_remainder=True)`).
+
+  Raises:
+    errors.ConfigError: Naming `build_inputs`.
+  """
   inputs = getattr(model, "inputs", None) or []
   specs = tf.nest.flatten(features_spec)
   if len(inputs) != len(specs):
@@ -155,7 +161,8 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
     raise errors.ConfigError(
         f"no checkpoint to evaluate in `model_dir` ({restore_dir}).")
   parts = _build(task, mode, runtime, config)
-  with _write_directory(model_dir, parts.worker) as write_dir, (
+  with _write_directory(model_dir, parts.worker, mode,
+                        parts.config) as write_dir, (
       preemption.PreemptionWatcher() if parts.training else
       contextlib.nullcontext()) as watcher:
     if parts.training and parts.worker.is_chief:
@@ -268,6 +275,12 @@ def _build(task: task_lib.Task, mode: str,
             flush=True)
   if evaluating or config.export.at_end:
     eval_input = make_input(task, False, strategy, config, runtime, worker)
+    batches = int(eval_input.dataset.cardinality())
+    if evaluating and 0 <= batches < config.validation_steps:
+      raise errors.ConfigError(
+          f"`trainer.validation_steps` ({config.validation_steps}) is more "
+          f"than the {batches} batch(es) of the evaluation dataset; use -1 "
+          "for one full pass.")
   with strategy.scope():
     model = task.build_model()
     ensure_built(model, (train_input or eval_input).dataset.element_spec)
@@ -380,7 +393,7 @@ def _eval_actions(parts: _Parts, controller: controller_lib.Controller,
   """Returns the actions after each evaluation: best checkpoint, early
   stopping."""
   found = []
-  if parts.config.best_checkpoint.metric is not None:
+  if parts.config.best_checkpoint.metric is not None and parts.evaluating:
 
     def save_best(prefix: str) -> None:
       if parts.training:
@@ -394,6 +407,9 @@ def _eval_actions(parts: _Parts, controller: controller_lib.Controller,
         export_fn=parts.export if parts.config.export.best else None))
   if early_stopping is not None and parts.evaluating:
     found.append(early_stopping)
+  if parts.training and parts.evaluating:
+    record = continuous_eval.EvaluatedRecord(write_dir)
+    found.append(lambda output: record.add(parts.step(), output))
   return found
 
 
@@ -409,15 +425,21 @@ def _run_mode(parts: _Parts, controller: controller_lib.Controller,
     return _evaluate_continuously(controller, model_dir, config,
                                   early_stopping)
   output = {}
-  with _empty_input_is_a_config_error():
-    if mode == "train":
-      controller.train(config.train_steps)
-    else:
-      output = controller.train_and_evaluate(
-          config.train_steps, config.validation_steps,
-          eval_interval=config.validation_interval or None)
-      if output is None:  # Nothing left to train: evaluate.
-        output = controller.evaluate(config.validation_steps)
+  if mode == "train":
+    controller.train(config.train_steps)
+  else:
+    caught_up = None
+    if _evaluation_missed(controller.step, config, write_dir):
+      # Stopped between saving this step and evaluating it: the
+      # evaluation (and a best checkpoint it may make) is not lost.
+      console.info(f"eval | step {controller.step} was saved but not "
+                   "evaluated: evaluating it first")
+      caught_up = controller.evaluate(config.validation_steps)
+    output = controller.train_and_evaluate(
+        config.train_steps, config.validation_steps,
+        eval_interval=config.validation_interval or None)
+    if output is None:  # Nothing (more) trained: the last evaluation.
+      output = caught_up or controller.evaluate(config.validation_steps)
   if config.export.at_end:
     directory = os.path.join(write_dir, "export", str(controller.step))
     parts.export(directory)
@@ -426,6 +448,15 @@ def _run_mode(parts: _Parts, controller: controller_lib.Controller,
   print(f"train | finished at step {controller.step} | weights fingerprint "
         f"{weights_fingerprint(parts.model)}", flush=True)
   return output
+
+
+def _evaluation_missed(step: int, config: TrainerConfig,
+                       write_dir: str) -> bool:
+  """Whether `train_and_eval` was due to evaluate `step` (the restored one,
+  below `train_steps`) but has no record of it."""
+  due = config.validation_interval and step % config.validation_interval == 0
+  return (0 < step < config.train_steps and bool(due) and
+          step not in continuous_eval.read_evaluated(write_dir))
 
 
 def step_options(config: TrainerConfig) -> gradients.StepOptions:
@@ -511,21 +542,6 @@ def make_input(task: task_lib.Task, training: bool,
       deterministic=runtime.dataset_deterministic)
 
 
-@contextlib.contextmanager
-def _empty_input_is_a_config_error():
-  """Turns the end of a repeated training input into a clear error.
-
-  The training input repeats forever, so it only ends when it holds no
-  complete batch at all.
-  """
-  try:
-    yield
-  except tf.errors.OutOfRangeError as e:
-    raise errors.ConfigError(
-        "the training dataset yields no batch: it is empty, or smaller than "
-        "one batch.") from e
-
-
 def _all_finite(variables) -> bool:
   """Whether every value of every variable is finite (one device read)."""
   checks = [tf.reduce_all(tf.math.is_finite(v)) for v in variables
@@ -533,17 +549,40 @@ def _all_finite(variables) -> bool:
   return bool(tf.reduce_all(checks).numpy()) if checks else True
 
 
+def _lease_roles(mode: str, config: TrainerConfig) -> list:
+  """Returns the leases on `model_dir` a chief running `mode` must hold: the
+  trainer's to train, the evaluator's to write evaluation records (`best/`,
+  early stopping, `eval/evaluated.json`). A plain `eval` takes none."""
+  roles = []
+  if mode in ("train", "train_and_eval"):
+    roles.append(lease.TRAINER)
+  records = (config.best_checkpoint.metric is not None or
+             config.early_stopping.metric is not None)
+  if mode in ("train_and_eval", "continuous_eval") or (
+      mode == "eval" and records):
+    roles.append(lease.EVALUATOR)
+  return roles
+
+
 @contextlib.contextmanager
-def _write_directory(model_dir: str, worker: cluster.WorkerInfo):
+def _write_directory(model_dir: str, worker: cluster.WorkerInfo, mode: str,
+                     config: TrainerConfig):
   """Yields where this process writes: `model_dir` for the chief only.
 
-  Other workers take part in every save and summary (they may involve
+  The chief takes its leases on `model_dir` (`trainer.lease`) before it
+  changes anything there: a second run exits leaving it untouched. Other
+  workers take part in every save and summary (they may involve
   collectives) but write into a temporary directory of their own, removed
   afterwards, so no two processes ever write the same file.
+
+  Raises:
+    errors.ConfigError: If another process holds one of the leases.
   """
   if worker.is_chief:
     os.makedirs(model_dir, exist_ok=True)
-    yield model_dir
+    with lease.Lease(model_dir, _lease_roles(mode, config), mode,
+                     warn=console.warning):
+      yield model_dir
     return
   directory = tempfile.mkdtemp(prefix=f"worker{worker.worker_index}-")
   try:
@@ -578,4 +617,5 @@ def _evaluate_continuously(
   return continuous_eval.run(
       model_dir, evaluate, config.train_steps,
       timeout=config.continuous_eval_timeout,
-      stop_fn=early_stopping.stop_reason if early_stopping else None)
+      stop_fn=early_stopping.stop_reason if early_stopping else None,
+      max_to_keep=config.max_to_keep if config.keep_until_evaluated else None)

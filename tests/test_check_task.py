@@ -1,0 +1,250 @@
+"""scripts/check_task.py, run as a user runs it: on Tasks in a module outside
+the repository, imported by a gin file next to it, from that directory.
+
+Every check runs in its own process (the CPU split is process-wide); all of
+them start at once and each test waits for its own.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from typing import Dict, List
+
+import pytest
+
+import helpers
+
+SCRIPT = os.path.join(helpers.REPO_ROOT, "scripts", "check_task.py")
+
+MY_TASKS = textwrap.dedent('''\
+    import gin
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras
+    import trainer
+
+
+    @gin.configurable
+    class Regression(trainer.Task):
+
+      def hidden_layers(self):
+        return [tf_keras.layers.Dense(16, "tanh")]
+
+      def build_model(self):
+        return tf_keras.Sequential([tf_keras.Input((4,)),
+                                    *self.hidden_layers(),
+                                    tf_keras.layers.Dense(1)])
+
+      def build_inputs(self, training, input_context=None):
+        rng = np.random.RandomState(0 if training else 1)
+        x = rng.normal(size=(256, 4)).astype(np.float32)
+        y = (x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32))[:, None]
+        return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(256, seed=1)
+
+      def build_losses(self, labels, model_outputs, aux_losses=None):
+        return tf.reduce_mean(tf.square(labels - model_outputs), axis=-1)
+
+
+    @gin.configurable
+    class Averaging(Regression):
+      """Averages over the per-replica batch: the bug the check is for."""
+
+      def train_step(self, inputs, model, optimizer, metrics=None):
+        features, labels = inputs
+        with tf.GradientTape() as tape:
+          loss = tf.reduce_mean(
+              self.build_losses(labels, model(features, training=True)))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return {"loss": loss}
+
+
+    @gin.configurable
+    class PlainBatchNorm(Regression):
+
+      def hidden_layers(self):
+        return [tf_keras.layers.Dense(16, "tanh"),
+                tf_keras.layers.BatchNormalization(name="plain_bn")]
+
+
+    @gin.configurable
+    class Dropout(Regression):
+
+      def hidden_layers(self):
+        return [tf_keras.layers.Dense(16, "tanh"),
+                tf_keras.layers.Dropout(0.3)]
+
+
+    @gin.configurable
+    class Batched(Regression):
+
+      def build_inputs(self, training, input_context=None):
+        return super().build_inputs(training, input_context).batch(16)
+
+
+    @gin.configurable
+    class ScalarLoss(Regression):
+
+      def build_losses(self, labels, model_outputs, aux_losses=None):
+        return tf.reduce_mean(super().build_losses(labels, model_outputs))
+    ''')
+
+# Name -> a Task class of MY_TASKS, or a gin file of the repository.
+CASES = {
+    "correct": "Regression",
+    "averaging": "Averaging",
+    "batch_norm": "PlainBatchNorm",
+    "dropout": "Dropout",
+    "batched": "Batched",
+    "scalar_loss": "ScalarLoss",
+    "digits": "gin/digits.gin",
+}
+
+
+class Check:
+  """`check_task.py` running in the background."""
+
+  def __init__(self, directory: str, gin_file: str):
+    self.process = subprocess.Popen(
+        [sys.executable, SCRIPT, f"--gin_file={gin_file}"],
+        cwd=directory, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    self._result = None
+
+  def result(self):
+    """Waits for the exit; returns (exit code, stdout lines, stderr)."""
+    if self._result is None:
+      stdout, stderr = self.process.communicate(timeout=300)
+      self._result = (self.process.returncode, stdout.splitlines(), stderr)
+    return self._result
+
+
+@pytest.fixture(scope="module")
+def checks(tmp_path_factory) -> Dict[str, Check]:
+  user_dir = tmp_path_factory.mktemp("user")
+  (user_dir / "my_task.py").write_text(MY_TASKS)
+  started = {}
+  for name, task in CASES.items():
+    if task.endswith(".gin"):
+      started[name] = Check(helpers.REPO_ROOT, task)
+      continue
+    (user_dir / f"{name}.gin").write_text(
+        f"import my_task\nexperiment.task = @{task}()\n"
+        "trainer.global_batch_size = 32\n")
+    started[name] = Check(str(user_dir), f"{name}.gin")
+  yield started
+  for check in started.values():
+    if check.process.poll() is None:
+      check.process.kill()
+      check.process.wait()
+
+
+def line(lines: List[str], prefix: str) -> str:
+  found = [text for text in lines if text.startswith(prefix)]
+  assert len(found) == 1, (prefix, lines)
+  return found[0]
+
+
+def replica_figures(text: str) -> Dict[str, float]:
+  """The step-1 losses, their ratio and the weight difference of a
+  `replicas` line."""
+  found = re.search(r"step 1 (\S+) / (\S+) \(ratio (\S+)\).*max weight "
+                    r"difference (\S+) \(tolerance (\S+)\)", text)
+  assert found, text
+  return dict(zip(("one", "many", "ratio", "difference", "tolerance"),
+                  map(float, found.groups())))
+
+
+def test_a_correct_task_passes_with_its_figures(checks):
+  code, lines, stderr = checks["correct"].result()
+  assert code == 0, stderr[-2000:]
+  assert lines[0] == ("check_task | Regression: 6 steps of SGD (learning "
+                      "rate 0.05), global batch 32, 1 device vs 2 replicas")
+  assert lines[1:4] == [
+      "PASS build_inputs: single examples ((4,) float32, (1,) float32)",
+      "PASS build_losses: per-example losses, shape [256]",
+      "PASS input: two builds give the same first batch"]
+  figures = replica_figures(line(lines, "PASS replicas: loss on 1 / 2 "
+                                 "replicas: step 1 "))
+  assert figures["one"] == pytest.approx(figures["many"], rel=1e-6)
+  assert figures["ratio"] == 1.0
+  assert figures["difference"] < 1e-6 and figures["tolerance"] >= 1e-4
+  assert line(lines, "PASS resume: 3 step(s), checkpoint, restore").endswith(
+      "3 step(s) vs 6 steps: max weight difference 0")
+  assert lines[-1] == ("check_task | PASS: Regression trains the same on 1 "
+                       "and 2 replicas and resumes exactly")
+
+
+def test_per_replica_averaging_fails_naming_it(checks):
+  code, lines, _ = checks["averaging"].result()
+  assert code == 1
+  failure = line(lines, "FAIL replicas: ")
+  figures = replica_figures(failure)
+  assert figures["ratio"] == pytest.approx(2.0, abs=1e-3)
+  assert figures["many"] == pytest.approx(2 * figures["one"], rel=1e-3)
+  assert figures["difference"] > 100 * figures["tolerance"]
+  assert failure.endswith(
+      ". Likely cause: the train_step averages the loss over the per-replica "
+      "batch; divide by the global batch: tf.nn.compute_average_loss")
+  # Its resume is exact: only the scaling is wrong.
+  assert line(lines, "PASS resume: ").endswith("max weight difference 0")
+  assert lines[-1] == "check_task | FAIL: Averaging"
+
+
+def test_plain_batch_norm_fails_naming_the_layer(checks):
+  code, lines, _ = checks["batch_norm"].result()
+  assert code == 1
+  failure = line(lines, "FAIL replicas: ")
+  figures = replica_figures(failure)
+  assert figures["difference"] > 10 * figures["tolerance"]
+  assert abs(figures["ratio"] - 2) > 0.5  # Not the averaging bug.
+  assert failure.endswith(
+      ". Likely cause: BatchNormalization layer 'plain_bn' normalises each "
+      "replica's batch on its own: use BatchNormalization(synchronized=True)")
+  assert lines[-1] == "check_task | FAIL: PlainBatchNorm"
+
+
+def test_stateful_dropout_fails_replicas_and_resume(checks):
+  code, lines, _ = checks["dropout"].result()
+  assert code == 1
+  for check in ("replicas", "resume"):
+    failure = line(lines, f"FAIL {check}: ")
+    assert re.search(r"Likely cause: stateful random ops in the step "
+                     r"\(RandomUniform \(\S+dropout\S+\)\): use "
+                     r"tf.random.stateless_\* ops seeded from the step$",
+                     failure), failure
+
+
+def test_batched_inputs_fail_naming_build_inputs(checks):
+  code, lines, _ = checks["batched"].result()
+  assert code == 1
+  assert lines[1:3] == [
+      "FAIL build_inputs: `build_inputs` returns batched data (every "
+      "element has a leading dimension of unknown size: (None, 4), (None, "
+      "1)): return single examples and let the framework batch them (remove "
+      "`.batch(...)`; batch sizes are `trainer.global_batch_size` and "
+      "`trainer.eval_batch_size`).",
+      "SKIP input, replicas, resume: fix build_inputs first"]
+
+
+def test_a_scalar_loss_fails_naming_build_losses(checks):
+  code, lines, _ = checks["scalar_loss"].result()
+  assert code == 1
+  assert line(lines, "FAIL build_losses: ") == (
+      "FAIL build_losses: ScalarLoss.build_losses returned a scalar: return "
+      "per-example losses, shape [batch] (drop the final mean; the framework "
+      "averages over the global batch).")
+  assert lines[-2:] == ["SKIP input, replicas, resume: fix build_losses first",
+                        "check_task | FAIL: ScalarLoss"]
+
+
+def test_the_shipped_digits_task_passes(checks):
+  code, lines, stderr = checks["digits"].result()
+  assert code == 0, stderr[-2000:]
+  assert [text.split(":")[0] for text in lines[1:-1]] == [
+      "PASS build_inputs", "PASS build_losses", "PASS input",
+      "PASS replicas", "PASS resume"]
+  assert replica_figures(lines[4])["difference"] < 1e-6
+  assert lines[-1].startswith("check_task | PASS: DigitsClassification")
