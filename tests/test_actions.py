@@ -148,6 +148,31 @@ def test_early_stopping_counts_evaluations_without_improvement(tmp_path):
   assert _early(tmp_path, _Step(50), patience=3).stop_reason() is None
 
 
+def test_early_stopping_decides_on_the_set_of_evaluated_steps(tmp_path):
+  losses = {100: 1.0, 200: 0.9, 300: 0.95, 400: 0.96}
+
+  def evaluate(early, step, steps, loss=None):
+    for step.step in steps:
+      early({"loss": losses[step.step] if loss is None else loss})
+
+  step = _Step()
+  uninterrupted = _early(tmp_path / "a", step, patience=3)
+  evaluate(uninterrupted, step, losses)
+  # Killed after evaluating 300 and restarted from the checkpoint at 200:
+  # 300 is evaluated again (counted once), then 400.
+  evaluate(_early(tmp_path / "b", step, patience=3), step, (100, 200, 300))
+  resumed = _early(tmp_path / "b", step, patience=3)
+  evaluate(resumed, step, (300, 400))
+  assert resumed.state == uninterrupted.state == {
+      "best": 0.9, "best_step": 200, "evaluations_since_best": 2}
+  # Restarted from 200 on a timeline whose 300 and 400 were lost: evaluating
+  # 300 again drops the evaluation of 400.
+  evaluate(resumed, step, (300,), loss=0.5)
+  assert sorted(resumed.values) == [100, 200, 300]
+  assert resumed.state == {"best": 0.5, "best_step": 300,
+                           "evaluations_since_best": 0}
+
+
 def test_training_stops_early_and_stays_stopped(tmp_path, capsys):
   # A learning rate of (almost) zero: the eval loss never improves.
   config = trainer.TrainerConfig(

@@ -104,3 +104,29 @@ def test_interrupted_save_folders_are_removed(tmp_path):
   leftover.mkdir()
   _train(model_dir, 20)
   assert not leftover.exists()
+
+
+def test_leftovers_of_every_interrupted_write_are_removed(tmp_path):
+  model_dir = str(tmp_path)
+  _train(model_dir, 10)
+  leftovers = [tmp_path / "best" / "ckpt-500_temp",
+               tmp_path / "export" / ".tmp-1500-0a1b2c3d",
+               tmp_path / "best" / "export" / ".tmp-300-0a1b2c3d",
+               tmp_path / "best" / "export" / ".tmp-300-0a1b2c3d.old"]
+  for folder in leftovers:
+    folder.mkdir(parents=True)
+    (folder / "data").write_bytes(b"x")
+  parts = [tmp_path / ".tmp-abc.part", tmp_path / "eval" / ".tmp-x.part",
+           tmp_path / "best" / ".tmp-y.part"]
+  (tmp_path / "eval").mkdir()
+  for part in parts:
+    part.write_text("{")
+  kept = [tmp_path / "best" / "ckpt-400.index", tmp_path / "best" / "best.json",
+          tmp_path / "export" / "1000" / "saved_model.pb"]
+  for path in kept:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("kept")
+  removed = checkpoints.remove_interrupted_saves(model_dir)
+  assert sorted(removed) == sorted(str(p) for p in leftovers + parts)
+  assert all(path.exists() for path in kept)
+  assert os.path.exists(os.path.join(model_dir, "ckpt-10.index"))

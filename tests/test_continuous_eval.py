@@ -4,6 +4,8 @@ with training holding checkpoints until they are evaluated."""
 import json
 import os
 
+import pytest
+
 import tensorflow as tf
 
 import trainer
@@ -67,16 +69,20 @@ def test_each_checkpoint_once_in_order_and_a_restart_skips_them(tmp_path):
   assert continuous_eval.read_evaluated(str(tmp_path)) == {10, 20, 30, 40, 50}
 
 
-def test_waits_for_new_checkpoints_until_the_timeout(tmp_path, capsys):
+def test_waits_for_new_checkpoints_until_the_timeout(tmp_path):
   _write_checkpoints(tmp_path, [10])
   time = _FakeTime()
   evaluator = _Evaluator()
-  continuous_eval.run(str(tmp_path), evaluator, train_steps=100, timeout=30,
-                      clock=time.clock, sleep=time.sleep)
+  with pytest.raises(errors.RunError) as raised:
+    continuous_eval.run(str(tmp_path), evaluator, train_steps=100,
+                        timeout=30, clock=time.clock, sleep=time.sleep)
   assert evaluator.evaluated == [10]
   assert 30 < time.now <= 32
-  assert "continuous_eval | no new checkpoint for 30 s; stopping" in (
-      capsys.readouterr().out)
+  # Not a success: the run it follows never reached its final step.
+  assert str(raised.value) == (
+      f"continuous_eval: no new checkpoint in {tmp_path} for 30 s "
+      "(`trainer.continuous_eval_timeout`); the last evaluated step is 10, "
+      "not `trainer.train_steps` (100): is the trainer running?")
 
 
 def test_a_checkpoint_deleted_before_its_turn_is_reported(tmp_path, capsys):
@@ -107,9 +113,14 @@ def test_training_holds_checkpoints_until_they_are_evaluated(tmp_path):
   assert [s for s, _ in continuous_eval.pending(model_dir, set())] == [
       10, 20, 30, 40, 50]
   experiment.run(task, "continuous_eval", model_dir, runtime,
-                 _config(50, continuous_eval_timeout=5))
+                 _config(50, continuous_eval_timeout=5,
+                         keep_until_evaluated=True))
   assert [s for s, _ in helpers.read_scalars(
       os.path.join(model_dir, "eval"))["loss"]] == [10, 20, 30, 40, 50]
+  # Training has ended: the evaluator trims to `max_to_keep` once done.
+  assert [s for s, _ in continuous_eval.pending(model_dir, set())] == [50]
+  assert sorted(p for p in os.listdir(model_dir) if p.endswith(".index")) == [
+      "ckpt-50.index"]
   # The next save deletes the evaluated ones beyond `max_to_keep`.
   experiment.run(task, "train", model_dir, runtime,
                  _config(60, keep_until_evaluated=True))

@@ -13,6 +13,7 @@ import dataclasses
 import glob
 import math
 import os
+import shutil
 from typing import Any, Callable, Dict, Optional
 
 from absl import logging
@@ -123,7 +124,9 @@ class BestCheckpoint:
     files.write_json(os.path.join(self.directory, BEST_RECORD), self.record)
     self._best.commit({self._config.metric: value})
     for path in glob.glob(os.path.join(self.directory, "ckpt-*")):
-      if not os.path.basename(path).startswith(name + "."):
+      if os.path.isdir(path):  # `ckpt-N_temp`, left by a killed save.
+        shutil.rmtree(path, ignore_errors=True)
+      elif not os.path.basename(path).startswith(name + "."):
         os.remove(path)
     exports.keep_newest(os.path.join(self.directory, "export"),
                         1 if export else 0)
@@ -164,11 +167,16 @@ class EarlyStopping:
   """Eval action that decides when training should stop; also read by the
   training loop through `stop_reason()`.
 
-  The state (best value and step, evaluations since) lives in
-  `model_dir/early_stopping.json`, written by whichever process evaluates:
-  the training process in `train_and_eval`, or a `continuous_eval` process
-  beside a `train` one, which then stops at its next loop. A restarted run
-  that had stopped stays stopped; raising `patience` lets it go on.
+  The record, `model_dir/early_stopping.json`, holds every evaluated step's
+  value, written by whichever process evaluates: the training process in
+  `train_and_eval`, or a `continuous_eval` process beside a `train` one,
+  which then stops at its next loop. The decision (best value and step,
+  evaluations since) is derived from those values in step order, so it
+  depends only on which steps were evaluated: an evaluation run again after
+  a restart replaces its step's value instead of counting twice, and one of
+  a step later than the one evaluated (a timeline a restart went back on)
+  is dropped. A restarted run that had stopped stays stopped; raising
+  `patience` lets it go on.
   """
 
   def __init__(self, model_dir: str, config: EarlyStoppingConfig,
@@ -177,7 +185,8 @@ class EarlyStopping:
     self._config = config
     self._step_fn = step_fn
     self._mtime = None
-    self.state = None
+    self.values: Dict[int, float] = {}  # Evaluated step -> metric value.
+    self.state = None  # The decision derived from `values`.
     self._reload()
 
   def _reload(self) -> None:
@@ -187,35 +196,46 @@ class EarlyStopping:
       return
     if mtime != self._mtime:
       self._mtime = mtime
-      state = files.read_json(self._path)
-      if state and (state["metric"], state["higher_is_better"]) == (
+      record = files.read_json(self._path)
+      if record and (record["metric"], record["higher_is_better"]) == (
           self._config.metric, self._config.higher_is_better):
-        self.state = state
+        self.values = {int(step): value
+                       for step, value in record.get("values", {}).items()}
+        self.state = self._decide()
 
-  def _improves(self, value: float) -> bool:
-    if self.state is None:
-      return not math.isnan(value)
-    delta = value - self.state["best"]
-    if not self._config.higher_is_better:
-      delta = -delta
-    return delta > self._config.min_delta
+  def _decide(self) -> Optional[Dict[str, Any]]:
+    """Replays the evaluations in step order: the best and the count since."""
+    state = None
+    for step in sorted(self.values):
+      value = self.values[step]
+      if state is None:
+        if not math.isnan(value):
+          state = {"best": value, "best_step": step,
+                   "evaluations_since_best": 0}
+        continue
+      delta = value - state["best"]
+      if not self._config.higher_is_better:
+        delta = -delta
+      if delta > self._config.min_delta:
+        state = {"best": value, "best_step": step,
+                 "evaluations_since_best": 0}
+      else:
+        state["evaluations_since_best"] += 1
+    return state
 
   def __call__(self, output: Dict[str, Any]) -> None:
     value = _metric_value("early_stopping", self._config.metric, output)
     self._reload()
     step = self._step_fn()
-    if self._improves(value):
-      self.state = {"metric": self._config.metric,
-                    "higher_is_better": self._config.higher_is_better,
-                    "best": value, "best_step": step,
-                    "evaluations_since_best": 0}
-    elif self.state is not None:
-      self.state = dict(self.state, evaluations_since_best=self.state[
-          "evaluations_since_best"] + 1)
-    else:
-      return  # Nothing to compare with yet (a NaN first result).
-    self.state["last_step"] = step
-    files.write_json(self._path, self.state)
+    self.values = {s: v for s, v in self.values.items() if s < step}
+    self.values[step] = value
+    self.state = self._decide()
+    record = {"metric": self._config.metric,
+              "higher_is_better": self._config.higher_is_better,
+              "values": {str(s): v for s, v in sorted(self.values.items())},
+              "last_step": step}
+    record.update(self.state or {})
+    files.write_json(self._path, record)
     self._mtime = os.stat(self._path).st_mtime_ns
     reason = self.stop_reason()
     if reason:

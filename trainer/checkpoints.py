@@ -8,7 +8,6 @@ one on disk for inspection: nothing is deleted because a newer one is bad.
 """
 
 import collections
-import glob
 import os
 import re
 import shutil
@@ -18,6 +17,7 @@ from absl import logging
 import tensorflow as tf
 
 from trainer import errors
+from trainer import files
 
 
 class _HoldingManager(tf.train.CheckpointManager):
@@ -75,6 +75,41 @@ def create_manager(checkpoint: tf.train.Checkpoint, directory: str,
   return tf.train.CheckpointManager(
       checkpoint, directory=directory, max_to_keep=max_to_keep,
       step_counter=global_step, init_fn=init_fn)
+
+
+def trim(directory: str, max_to_keep: int, evaluated: Set[int]) -> List[str]:
+  """Deletes the evaluated checkpoints beyond the newest `max_to_keep`.
+
+  What a trainer with `trainer.keep_until_evaluated` held for a slower
+  evaluator, and could not delete once it had ended; the evaluator calls
+  this after the final step. Unevaluated ones stay. The state file is
+  rewritten first, so it never lists a deleted checkpoint.
+
+  Returns:
+    The deleted prefixes.
+  """
+  state = tf.train.get_checkpoint_state(directory)
+  paths = candidates(directory)
+  if state is None or not max_to_keep:
+    return []
+  deleted = [p for p in paths[max_to_keep:] if number(p) in evaluated]
+  if not deleted:
+    return []
+  # Names relative to `directory`, as `CheckpointManager` writes them, and
+  # their save times: a manager only deletes checkpoints that have one.
+  times = dict(zip(state.all_model_checkpoint_paths,
+                   state.all_model_checkpoint_timestamps))
+  kept = [p for p in reversed(paths) if p not in deleted]
+  tf.compat.v1.train.update_checkpoint_state(
+      directory, os.path.basename(state.model_checkpoint_path),
+      all_model_checkpoint_paths=[os.path.basename(p) for p in kept],
+      all_model_checkpoint_timestamps=[times[p] for p in kept if p in times]
+      if all(p in times for p in kept) else None,
+      last_preserved_timestamp=state.last_preserved_timestamp)
+  for prefix in deleted:
+    for path in tf.io.gfile.glob(prefix + ".*"):
+      tf.io.gfile.remove(path)
+  return deleted
 
 
 def copy(source: str, destination: str) -> None:
@@ -208,18 +243,33 @@ def _restore_one(checkpoint: tf.train.Checkpoint, path: str,
 
 
 def remove_interrupted_saves(directory: str) -> List[str]:
-  """Deletes `ckpt-N_temp` folders left by saves that were killed.
+  """Deletes what saves and writes that were killed left in `directory`.
 
-  A save writes into `<prefix>_temp` and renames it when complete; the state
-  file only lists completed saves, so these folders are never read.
+  Checkpoint saves write into `<prefix>_temp` and rename it when complete
+  (the state file lists completed saves only); exports and records write
+  `.tmp-*` folders and files (`files.write_directory`, `files.write_text`)
+  and rename them. Such leftovers, at the top and in `best/`, `export/`,
+  `best/export/` and `eval/`, are never read, and a later write of the same
+  name would trip over them.
 
   Returns:
     The removed paths.
   """
   removed = []
-  for path in glob.glob(os.path.join(directory, "*_temp")):
-    if os.path.isdir(path):
-      shutil.rmtree(path, ignore_errors=True)
+  for root, folders, names in os.walk(directory):
+    for name in sorted(folders + names):
+      path = os.path.join(root, name)
+      interrupted_save = (name.startswith("ckpt-") and name.endswith("_temp")
+                          and os.path.isdir(path))
+      if not (interrupted_save or name.startswith(files.TEMPORARY_PREFIX)):
+        continue
+      if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+      else:
+        os.remove(path)
       removed.append(path)
-      logging.warning("removed %s, left by an interrupted save", path)
+      logging.warning("removed %s, left by an interrupted write", path)
+    # Not into what was removed, nor into event files and profiles.
+    folders[:] = [f for f in folders if os.path.isdir(os.path.join(root, f))
+                  and not (root == directory and f == "train")]
   return removed

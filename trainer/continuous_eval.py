@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Dict, Optional, Set, Tuple
 
 from absl import logging
+import tensorflow as tf
 
 from trainer import checkpoints
 from trainer import console
@@ -63,6 +64,7 @@ def pending(model_dir: str, evaluated: Set[int]) -> list:
 
 def run(model_dir: str, evaluate_fn: EvaluateFn, train_steps: int,
         timeout: float, stop_fn: Optional[Callable[[], Optional[str]]] = None,
+        max_to_keep: Optional[int] = None,
         poll_seconds: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep) -> Dict[str, Any]:
@@ -75,12 +77,19 @@ def run(model_dir: str, evaluate_fn: EvaluateFn, train_steps: int,
     timeout: Stop after this many seconds without a new checkpoint.
     stop_fn: Returns a reason to stop early (early stopping decided), or
       None.
+    max_to_keep: With `trainer.keep_until_evaluated`, the trainer's
+      `max_to_keep`: once the final step is evaluated, the evaluated
+      checkpoints beyond it are deleted (the trainer, finished, cannot).
     poll_seconds: Wait between looks at the directory.
     clock: Seconds, for the timeout (injectable for tests).
     sleep: Waits, for the polling (injectable for tests).
 
   Returns:
     The results of the last evaluation, {} if none ran.
+
+  Raises:
+    errors.RunError: After `timeout` seconds without a new checkpoint
+      before the one of `train_steps` is evaluated.
   """
   record = EvaluatedRecord(model_dir)
   if record.steps:
@@ -92,7 +101,8 @@ def run(model_dir: str, evaluate_fn: EvaluateFn, train_steps: int,
     for step, prefix in pending(model_dir, record.steps):
       try:
         step, output = evaluate_fn(prefix)
-      except (errors.ConfigError, OSError) as e:
+      # A checkpoint the trainer deletes while it is read: NotFoundError.
+      except (errors.ConfigError, OSError, tf.errors.NotFoundError) as e:
         if os.path.exists(prefix + ".index"):
           logging.warning("cannot evaluate %s: %s", prefix, e)
           console.info(
@@ -105,6 +115,8 @@ def run(model_dir: str, evaluate_fn: EvaluateFn, train_steps: int,
       record.add(step, output)
       last_seen = clock()
       if step >= train_steps:
+        if max_to_keep:
+          checkpoints.trim(model_dir, max_to_keep, record.steps)
         return output
       reason = stop_fn() if stop_fn else None
       if reason:
@@ -113,9 +125,10 @@ def run(model_dir: str, evaluate_fn: EvaluateFn, train_steps: int,
     if record.steps and max(record.steps) >= train_steps:
       return output
     if clock() - last_seen > timeout:
-      logging.warning("no new checkpoint in %s for %s s; stopping.",
-                      model_dir, timeout)
-      console.info(
-          f"continuous_eval | no new checkpoint for {timeout:g} s; stopping")
-      return output
+      last = max(record.steps) if record.steps else None
+      raise errors.RunError(
+          f"continuous_eval: no new checkpoint in {model_dir} for "
+          f"{timeout:g} s (`trainer.continuous_eval_timeout`); the last "
+          f"evaluated step is {last}, not `trainer.train_steps` "
+          f"({train_steps}): is the trainer running?")
     sleep(poll_seconds)

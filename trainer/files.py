@@ -13,6 +13,9 @@ import tempfile
 import uuid
 from typing import Any, Callable, Optional
 
+# What every temporary file or folder of an atomic write starts with.
+TEMPORARY_PREFIX = ".tmp-"
+
 
 def _umask() -> int:
   mask = os.umask(0)  # The only way to read it is to set it.
@@ -29,11 +32,16 @@ def write_text(path: str, text: str) -> None:
   directory = os.path.dirname(path) or "."
   os.makedirs(directory, exist_ok=True)
   with tempfile.NamedTemporaryFile("w", dir=directory, delete=False,
-                                   prefix=".tmp-", suffix=".part") as f:
-    f.write(text)
-    f.flush()
-    os.fchmod(f.fileno(), 0o666 & ~_umask())
-    os.fsync(f.fileno())
+                                   prefix=TEMPORARY_PREFIX,
+                                   suffix=".part") as f:
+    try:
+      f.write(text)
+      f.flush()
+      os.fchmod(f.fileno(), 0o666 & ~_umask())
+      os.fsync(f.fileno())
+    except BaseException:
+      os.remove(f.name)  # A full disk leaves no partial file behind.
+      raise
   os.replace(f.name, path)
 
 
@@ -61,7 +69,8 @@ def write_directory(path: str, fill: Callable[[str], None]) -> None:
   parent = os.path.dirname(path) or "."
   os.makedirs(parent, exist_ok=True)
   temporary = os.path.join(
-      parent, f".tmp-{os.path.basename(path)}-{uuid.uuid4().hex[:8]}")
+      parent,
+      f"{TEMPORARY_PREFIX}{os.path.basename(path)}-{uuid.uuid4().hex[:8]}")
   try:
     fill(temporary)
     if os.path.isdir(path):
@@ -82,7 +91,7 @@ def remove_leftovers(directory: str) -> None:
   if not os.path.isdir(directory):
     return
   for name in os.listdir(directory):
-    if name.startswith(".tmp-"):
+    if name.startswith(TEMPORARY_PREFIX):
       path = os.path.join(directory, name)
       if os.path.isdir(path):
         shutil.rmtree(path, ignore_errors=True)
