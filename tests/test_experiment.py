@@ -1,7 +1,9 @@
 """End-to-end runs of `experiment.run` in-process: checkpoints, resume,
 summaries and every mode, read back from real files."""
 
+import json
 import os
+import shutil
 
 import gin
 import numpy as np
@@ -227,3 +229,98 @@ def test_batch_not_divisible_by_replicas_is_a_config_error(tmp_path):
                      r"replicas \(2\)"):
     experiment.run(helpers.LinearRegression(), "train", str(tmp_path),
                    _runtime("mirrored"), _config(global_batch_size=33))
+
+
+def test_a_saved_but_unevaluated_validation_step_is_evaluated_first(tmp_path,
+                                                                   capsys):
+  config = _config(train_steps=40, validation_interval=20,
+                   checkpoint_interval=20)
+  # What a stop between saving step 20 and evaluating it leaves.
+  experiment.run(helpers.LinearRegression(), "train", str(tmp_path),
+                 _runtime(), _config(train_steps=20, checkpoint_interval=20))
+  experiment.run(helpers.LinearRegression(), "train_and_eval", str(tmp_path),
+                 _runtime(), config)
+  assert ("eval | step 20 was saved but not evaluated: evaluating it first"
+          in capsys.readouterr().out)
+  assert [s for s, _ in helpers.read_scalars(
+      str(tmp_path / "eval"))["loss"]] == [20, 40]
+  with open(tmp_path / "eval" / "evaluated.json") as f:
+    assert json.load(f)["steps"] == [20, 40]
+  # Nothing is missed now: a rerun to 60 evaluates 60 only, not 40 again.
+  experiment.run(helpers.LinearRegression(), "train_and_eval", str(tmp_path),
+                 _runtime(), _config(train_steps=60, validation_interval=20,
+                                     checkpoint_interval=20))
+  assert "evaluating it first" not in capsys.readouterr().out
+  assert [s for s, _ in helpers.read_scalars(
+      str(tmp_path / "eval"))["loss"]] == [20, 40, 60]
+
+
+def test_an_eval_set_empty_at_run_time_is_an_error(tmp_path):
+  class FilteredOut(helpers.LinearRegression):
+
+    def build_inputs(self, training, input_context=None):
+      dataset = super().build_inputs(training, input_context)
+      return dataset if training else dataset.filter(lambda x, y: False)
+
+  with pytest.raises(trainer.ConfigError,
+                     match="^the evaluation dataset yielded no example"):
+    experiment.run(FilteredOut(), "train_and_eval", str(tmp_path), _runtime(),
+                   _config())
+  # The trained steps were saved before the evaluation.
+  assert helpers.checkpoint_step(str(tmp_path)) == 20
+
+
+@pytest.mark.parametrize("filtered", [False, True])
+def test_more_validation_steps_than_eval_batches_is_an_error(tmp_path,
+                                                             filtered):
+  class Evaluated(helpers.LinearRegression):
+
+    def build_inputs(self, training, input_context=None):
+      dataset = super().build_inputs(training, input_context)
+      # A filter hides the size until the data is read.
+      return dataset.filter(lambda x, y: True) if filtered else dataset
+
+  with pytest.raises(trainer.ConfigError) as raised:
+    experiment.run(Evaluated(), "train_and_eval", str(tmp_path), _runtime(),
+                   _config(validation_steps=10))
+  # 256 eval examples in batches of 64.
+  assert str(raised.value) == (
+      "`trainer.validation_steps` (10) is more than the 4 batch(es) of the "
+      "evaluation dataset; use -1 for one full pass.")
+
+
+def test_train_steps_below_the_checkpoint_say_so(tmp_path, capsys):
+  experiment.run(helpers.LinearRegression(), "train", str(tmp_path),
+                 _runtime(), _config())
+  capsys.readouterr()
+  experiment.run(helpers.LinearRegression(), "train_and_eval", str(tmp_path),
+                 _runtime(), _config(train_steps=10))
+  assert capsys.readouterr().out.count(
+      "warning | the checkpoint is at step 20, past `trainer.train_steps` "
+      "(10): nothing to train; raise it to train more") == 1
+
+
+def test_a_model_dir_deleted_during_the_run_stops_the_next_save(tmp_path):
+  model_dir = tmp_path / "run"
+
+  class DeletesModelDir(helpers.LinearRegression):
+
+    def build_inputs(self, training, input_context=None):
+      def delete_at(index, x, y):
+        if training and index == 32 * 5:  # While batch 5 is read.
+          shutil.rmtree(model_dir, ignore_errors=True)
+        return x, y
+
+      return super().build_inputs(training, input_context).enumerate().map(
+          lambda i, example: tf.numpy_function(
+              delete_at, [i, *example], [tf.float32, tf.float32])).map(
+                  lambda x, y: (tf.ensure_shape(x, [4]),
+                                tf.ensure_shape(y, [1])))
+
+  with pytest.raises(trainer.RunError) as raised:
+    experiment.run(DeletesModelDir(), "train", str(model_dir), _runtime(),
+                   _config(train_steps=40, checkpoint_interval=40))
+  assert str(raised.value) == (
+      f"model_dir {model_dir} was deleted or replaced during the run; the "
+      "checkpoint of step 40 is not saved.")
+  assert not model_dir.exists()

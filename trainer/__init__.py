@@ -14,6 +14,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from trainer.errors import ConfigError
 from trainer.errors import NonFiniteError
 from trainer.errors import Preempted
+from trainer.errors import RunError
 from trainer.experiment import MODES
 from trainer.experiment import run
 from trainer.experiment import TrainerConfig
@@ -22,4 +23,5 @@ from trainer.task import float32_outputs
 from trainer.task import Task
 
 __all__ = ["ConfigError", "MODES", "NonFiniteError", "Preempted",
-           "RuntimeConfig", "Task", "TrainerConfig", "float32_outputs", "run"]
+           "RunError", "RuntimeConfig", "Task", "TrainerConfig",
+           "float32_outputs", "run"]

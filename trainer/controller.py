@@ -14,6 +14,7 @@ evaluate at multiples of the interval and to stop early; `restore_checkpoint`
 to fall back past damaged checkpoints.
 """
 
+import os
 import time
 from typing import Callable, Dict, Optional
 
@@ -120,9 +121,13 @@ class Controller(orbit.Controller):
     self._window_steps = 0  # Steps and loop seconds since the last summary.
     self._window_seconds = 0.0
     self._run_start = None  # (step, time) after the first loop, for the ETA.
+    self._warned_past = False
     self._constructed = False
     super().__init__(**kwargs)
     self._constructed = True
+    self._directory_identity = (
+        _identity(self.checkpoint_manager.directory)
+        if self.checkpoint_manager is not None else None)
     self._step = int(self.global_step.numpy())
 
   def restore_checkpoint(self, checkpoint_path: Optional[str] = None):
@@ -156,6 +161,7 @@ class Controller(orbit.Controller):
     self._require("trainer", for_method="train")
     if self._step < steps:
       console.info(f"train | from step {self._step} to step {steps}")
+    self._warn_if_past(steps)
     if (self._on_nonfinite == "rollback" and self._step < steps and
         self.checkpoint_manager is not None and self._newest() is None):
       # A rollback needs a checkpoint to go back to, even at step 0.
@@ -215,6 +221,7 @@ class Controller(orbit.Controller):
     """
     self._require("trainer", for_method="train_and_evaluate")
     self._require("evaluator", for_method="train_and_evaluate")
+    self._warn_if_past(train_steps)
     output = None
     while self._step < train_steps and not self._stop_early():
       target = train_steps
@@ -228,6 +235,14 @@ class Controller(orbit.Controller):
     self._maybe_save_checkpoint(check_interval=False)
     self._sync_on_async_checkpointing()
     return output
+
+  def _warn_if_past(self, train_steps: int) -> None:
+    """Says so when the restored step is past the final one, once."""
+    if self._step > train_steps and not self._warned_past:
+      self._warned_past = True
+      console.warning(
+          f"the checkpoint is at step {self._step}, past `trainer.train_"
+          f"steps` ({train_steps}): nothing to train; raise it to train more")
 
   def _newest(self) -> Optional[str]:
     return tf.train.latest_checkpoint(self._restore_dir or
@@ -250,6 +265,12 @@ class Controller(orbit.Controller):
     if check_interval and (self._step // self._checkpoint_interval ==
                            self._last_saved_step // self._checkpoint_interval):
       return False
+    directory = self.checkpoint_manager.directory
+    if _identity(directory) != self._directory_identity:
+      # TensorFlow would create it anew and save into it without a word.
+      raise errors.RunError(
+          f"model_dir {directory} was deleted or replaced during the run; "
+          f"the checkpoint of step {self._step} is not saved.")
     if self._finite_fn is not None and not self._finite_fn():
       raise errors.NonFiniteError(
           f"variables are not finite at step {self._step}; not saved (the "
@@ -366,10 +387,12 @@ class Controller(orbit.Controller):
         self._rollbacks >= self._max_rollbacks):
       reason = ("" if self._on_nonfinite != "rollback" else
                 f" after {self._rollbacks} rollback(s)")
+      saved = (f"the newest checkpoint (step {self._last_saved_step}) was "
+               "saved before it and holds finite values" if self._newest()
+               else "no checkpoint was saved before it")
       raise errors.NonFiniteError(
-          f"the training loss is not finite at step {step}{reason}; the "
-          f"newest checkpoint (step {self._last_saved_step}) was saved "
-          "before it and holds finite values.", step)
+          f"the training loss is not finite at step {step}{reason}; "
+          f"{saved}.", step)
     self._rollbacks += 1
     self.restore_checkpoint()
     self.trainer.read_and_reset_metrics()  # They include the bad step.
@@ -385,3 +408,13 @@ class Controller(orbit.Controller):
   def step(self) -> int:
     """The global step, without reading it from the device."""
     return self._step
+
+
+def _identity(directory: str) -> Optional[tuple]:
+  """`(device, inode)` of a local directory; None if it is missing or not
+  local (`gs://...`)."""
+  try:
+    status = os.stat(directory)
+  except OSError:
+    return None
+  return (status.st_dev, status.st_ino)

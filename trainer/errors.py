@@ -7,6 +7,11 @@ class ConfigError(ValueError):
   """A configuration problem; its message is one line naming the fix."""
 
 
+class RunError(RuntimeError):
+  """A run that cannot go on for a reason outside the configuration (a
+  timeout, a directory gone); its message is one line, the exit code 1."""
+
+
 class NonFiniteError(RuntimeError):
   """Training produced a non-finite loss or weights; nothing bad was saved.
 

@@ -171,6 +171,21 @@ class TaskTrainer(orbit.StandardTrainer):
       self.train_iterator = iter(train_input.dataset)
     super().__init__(self.train_iterator)
 
+  def train(self, num_steps: tf.Tensor):
+    """Runs `num_steps` steps; see `orbit.StandardTrainer.train`.
+
+    Raises:
+      errors.ConfigError: If the input ends: it repeats forever, so it holds
+        no complete batch at all. (Only here: a save failing for a file-size
+        limit raises `OutOfRangeError` too, and is no input problem.)
+    """
+    try:
+      return super().train(num_steps)
+    except tf.errors.OutOfRangeError as e:
+      raise errors.ConfigError(
+          "the training dataset yields no batch: it is empty, or smaller "
+          "than one batch.") from e
+
   def skip_input(self, num_batches: int) -> int:
     """Restarts the input after its first `num_batches` batches.
 
@@ -441,6 +456,8 @@ class TaskEvaluator(orbit.StandardEvaluator):
       self._loss = tf_keras.metrics.Mean("loss")
     # Only a task that aggregates outputs pays for returning them.
     self._aggregates = task_lib.overrides(task, "aggregate_logs")
+    self._requested_steps = -1  # Of the current evaluation; -1: all.
+    self._steps_run = 0
     self._weights = weights
     super().__init__(
         eval_input.dataset,
@@ -448,11 +465,17 @@ class TaskEvaluator(orbit.StandardEvaluator):
             use_tf_function=not run_eagerly))
 
   def evaluate(self, num_steps: tf.Tensor):
-    """Evaluates with the model holding the weights to evaluate."""
+    """Evaluates with the model holding the weights to evaluate.
+
+    Raises:
+      errors.ConfigError: If the eval set ended before `num_steps` batches.
+    """
+    self._requested_steps = int(num_steps)
     with self._weights():
       return super().evaluate(num_steps)
 
   def eval_begin(self):
+    self._steps_run = 0
     for metric in self.metrics + [self._loss]:
       metric.reset_state()
     # No state yet: as in Model Garden, the first step's logs reach
@@ -473,11 +496,22 @@ class TaskEvaluator(orbit.StandardEvaluator):
                                  logs)
 
   def eval_reduce(self, state=None, step_outputs=None):
+    self._steps_run += 1  # Called eagerly after every step.
     if not self._aggregates:
       return None
     return self.task.aggregate_logs(state, step_outputs)
 
   def eval_end(self, aggregated_logs=None) -> Dict[str, float]:
+    if not self._loss.count.numpy():
+      # Losses of 0.0 would be reported, and look like the best ever.
+      raise errors.ConfigError(
+          "the evaluation dataset yielded no example (filtered out "
+          "entirely?); `build_inputs(training=False)` must return some.")
+    if 0 < self._steps_run < self._requested_steps:
+      raise errors.ConfigError(
+          f"`trainer.validation_steps` ({self._requested_steps}) is more than "
+          f"the {self._steps_run} batch(es) of the evaluation dataset; use -1 "
+          "for one full pass.")
     results = {"loss": self._loss.result()}
     results.update(_metric_results(self.metrics))
     if self._aggregates:

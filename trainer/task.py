@@ -243,7 +243,7 @@ class Task:
     set, a confusion matrix). Called once per eval step, in order: the first
     step's call gets `state=None` (create the state then), each later one
     the value the previous call returned; the last value goes to
-    `reduce_aggregated_logs`, which gets None if the eval set had no batch.
+    `reduce_aggregated_logs`.
     Each value of `step_logs` is a tuple with one tensor per local replica.
     """
     del step_logs
