@@ -42,6 +42,12 @@ def _config(**overrides):
      "checkpoint."),
     (dict(on_nonfinite="skip"),
      "`trainer.on_nonfinite` ('skip') must be one of: stop, rollback."),
+    (dict(preemption_grace_seconds=0),
+     "`trainer.preemption_grace_seconds` (0) must be a positive number of "
+     "seconds, below the scheduler's grace period before SIGKILL."),
+    (dict(preemption_grace_seconds="25"),
+     "`trainer.preemption_grace_seconds` ('25') must be a positive number "
+     "of seconds, below the scheduler's grace period before SIGKILL."),
 ])
 def test_bad_values_are_one_clear_line(overrides, message):
   with pytest.raises(trainer.ConfigError) as raised:

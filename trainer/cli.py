@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from absl import app
@@ -28,6 +29,7 @@ import tensorflow as tf
 from trainer import checkpoints
 from trainer import errors
 from trainer import experiment
+from trainer import preemption
 from trainer import runtime as runtime_lib
 from trainer import task as task_lib
 from trainer import user_errors
@@ -35,6 +37,10 @@ from trainer import user_errors
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USAGE_EXIT_CODE = 2
 RUNTIME_ERROR_EXIT_CODE = 1
+TRAINING_MODES = ("train", "train_and_eval")
+# Held by the thread that prints the error line and exits: the main thread
+# and the signal receiver may both fail at once, and one line is printed.
+_FAILING = threading.Lock()
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", [], "Gin config file; repeatable, "
@@ -226,7 +232,11 @@ def _quiet_teardown() -> None:
 
 def fail(message: str, exit_code: int = USAGE_EXIT_CODE,
          program: str = "train.py") -> None:
-  """Prints the error line last on stderr and exits with `exit_code`."""
+  """Prints the error line last on stderr and exits with `exit_code`.
+
+  Callable from any thread; a second caller waits for the first's exit.
+  """
+  _FAILING.acquire()  # pylint: disable=consider-using-with
   print(f"{program}: error: {message}", file=sys.stderr, flush=True)
   # TensorFlow's C++ threads may still log while the process winds down (a
   # peer's collective failing, say); the error line stays the last one.
@@ -361,8 +371,10 @@ def run() -> None:
   Flags are parsed and the configuration validated before `absl.app.run`,
   whose start-up initialises TensorFlow's devices (and, on machines without
   a GPU, prints a CUDA error line) before a bad configuration could be
-  reported.
+  reported. SIGTERM and SIGINT are received from here on by a thread of
+  their own (`trainer.preemption`); `train.py` blocks them earlier still.
   """
+  signals = preemption.start_receiver(fail)
   argv = parse_flags(sys.argv)
   if len(argv) > 1:
     fail(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -371,4 +383,8 @@ def run() -> None:
     loaded = load_config(FLAGS.gin_file, FLAGS.gin_param)
   except errors.ConfigError as e:
     fail(str(e))
+  config = loaded[2]
+  signals.configure(config.preemption_exit_code,
+                    config.preemption_grace_seconds,
+                    training=FLAGS.mode in TRAINING_MODES or FLAGS.dry_run)
   app.run(lambda _: main(model_dir, *loaded), argv=sys.argv[:1])

@@ -80,6 +80,10 @@ class TrainerConfig:
     max_rollbacks: With "rollback", stop anyway after this many.
     preemption_exit_code: Exit code after SIGTERM/SIGINT, once a checkpoint
       at the step reached is saved; tells a launcher to restart the job.
+    preemption_grace_seconds: After SIGTERM/SIGINT, the process exits (with
+      `preemption_exit_code`, keeping the checkpoints saved before) if
+      training has not stopped by then; below the scheduler's own grace
+      period before SIGKILL (Kubernetes and Slurm: 30 s by default).
     profile_steps: `(start, end)`: trace the steps from global step `start`
       to `end` with the TensorFlow profiler into `model_dir/train`; None for
       no trace.
@@ -111,6 +115,7 @@ class TrainerConfig:
   on_nonfinite: str = "stop"
   max_rollbacks: int = 3
   preemption_exit_code: int = 42
+  preemption_grace_seconds: float = 25.0
   profile_steps: Optional[Tuple[int, int]] = None
   optimizer: optimization.OptimizerConfig = _bound(
       optimization.OptimizerConfig)
@@ -178,6 +183,13 @@ class TrainerConfig:
       raise errors.ConfigError(
           f"`trainer.preemption_exit_code` ({self.preemption_exit_code}) "
           "must be in [1, 255]: 0 tells a scheduler the job finished.")
+    if (not isinstance(self.preemption_grace_seconds, (int, float)) or
+        isinstance(self.preemption_grace_seconds, bool) or
+        not 0 < self.preemption_grace_seconds < float("inf")):
+      raise errors.ConfigError(
+          "`trainer.preemption_grace_seconds` "
+          f"({self.preemption_grace_seconds!r}) must be a positive number of "
+          "seconds, below the scheduler's grace period before SIGKILL.")
     if self.batch_scaling is not None and (
         self.batch_scaling not in scaling.RULES):
       raise errors.ConfigError(

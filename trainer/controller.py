@@ -14,9 +14,10 @@ evaluate at multiples of the interval and to stop early; `restore_checkpoint`
 to fall back past damaged checkpoints.
 """
 
+import contextlib
 import os
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Iterator, Optional
 
 from absl import logging
 import numpy as np
@@ -83,7 +84,9 @@ class Controller(orbit.Controller):
         checked before each save, so no checkpoint holds NaN or Inf.
       resume_input_fn: Called with the restored step after a rollback when
         the input position is not part of the checkpoint.
-      preemption: Watches for SIGTERM/SIGINT; checked after every loop.
+      preemption: Watches for SIGTERM/SIGINT; checked after every loop and
+        every evaluation between loops. Outside training (before it, in the
+        final evaluation) a signal ends the process at once.
       preemption_exit_code: Carried by `errors.Preempted`.
       num_workers: Workers that must agree on stopping for a preemption.
       stop_fn: Returns why training should stop before `train_steps` (early
@@ -118,11 +121,14 @@ class Controller(orbit.Controller):
     # Every worker must take the same save decisions, so they are based on
     # the restored step, not on what this process's directory holds.
     self._last_saved_step = None
+    self._newest_step = None  # The newest checkpoint's step; None: none.
     self._window_steps = 0  # Steps and loop seconds since the last summary.
     self._window_seconds = 0.0
     self._run_start = None  # (step, time) after the first loop, for the ETA.
     self._warned_past = False
     self._constructed = False
+    if preemption is not None:
+      preemption.progress_fn = lambda: (self._step, self._newest_step)
     super().__init__(**kwargs)
     self._constructed = True
     self._directory_identity = (
@@ -145,6 +151,7 @@ class Controller(orbit.Controller):
           directory=self._restore_dir)
     self._step = int(self.global_step.numpy())
     self._last_saved_step = self._step
+    self._newest_step = self._step if path else None
     self.restored_path = path
     if path:
       console.info(f"restored checkpoint {path} at step {self._step}")
@@ -159,44 +166,74 @@ class Controller(orbit.Controller):
     step is known here, so this one does not.
     """
     self._require("trainer", for_method="train")
-    if self._step < steps:
-      console.info(f"train | from step {self._step} to step {steps}")
-    self._warn_if_past(steps)
-    if (self._on_nonfinite == "rollback" and self._step < steps and
-        self.checkpoint_manager is not None and self._newest() is None):
-      # A rollback needs a checkpoint to go back to, even at step 0.
-      self._maybe_save_checkpoint(check_interval=False, force=True)
-    while self._step < steps:
-      if self._stop_early():
-        break
-      # Loops end at multiples of `steps_per_loop` (where summaries are
-      # due), also after one that was cut short.
-      num_steps = min(steps - self._step,
-                      self.steps_per_loop - self._step % self.steps_per_loop)
+    with self._saving_on_signal():
+      if self._step < steps:
+        console.info(f"train | from step {self._step} to step {steps}")
+      self._warn_if_past(steps)
+      if (self._on_nonfinite == "rollback" and self._step < steps and
+          self.checkpoint_manager is not None and self._newest() is None):
+        # A rollback needs a checkpoint to go back to, even at step 0.
+        self._maybe_save_checkpoint(check_interval=False, force=True)
+      while self._step < steps:
+        if self._stop_early():
+          break
+        # Loops end at multiples of `steps_per_loop` (where summaries are
+        # due), also after one that was cut short.
+        num_steps = min(
+            steps - self._step,
+            self.steps_per_loop - self._step % self.steps_per_loop)
+        if self._profile is not None:
+          num_steps = self._profile.clip(self._step, num_steps)
+          self._profile.before_loop(self._step)
+        if self._discard_at is not None:
+          if self._step == self._discard_at - 1:
+            self.trainer.discard_batch()
+            console.info(
+                f"train | skipped the batch of step {self._discard_at}")
+            self._discard_at = None
+          else:
+            num_steps = min(num_steps, self._discard_at - 1 - self._step)
+        self._train_n_steps(num_steps)
+        if self._profile is not None:
+          self._profile.after_loop(self._step)
+        self._maybe_save_checkpoint()
+        self._check_preemption()
       if self._profile is not None:
-        num_steps = self._profile.clip(self._step, num_steps)
-        self._profile.before_loop(self._step)
-      if self._discard_at is not None:
-        if self._step == self._discard_at - 1:
-          self.trainer.discard_batch()
-          console.info(
-              f"train | skipped the batch of step {self._discard_at}")
-          self._discard_at = None
-        else:
-          num_steps = min(num_steps, self._discard_at - 1 - self._step)
-      self._train_n_steps(num_steps)
-      if self._profile is not None:
-        self._profile.after_loop(self._step)
-      self._maybe_save_checkpoint()
-      if self._preemption is not None and self._preemption.agreed(
-          self.strategy, self._num_workers):
+        self._profile.stop(self._step)
+      if checkpoint_at_completion or self.stop_reason:
         self._maybe_save_checkpoint(check_interval=False)
-        raise errors.Preempted(self._step, self._preemption_exit_code)
-    if self._profile is not None:
-      self._profile.stop(self._step)
-    if checkpoint_at_completion or self.stop_reason:
-      self._maybe_save_checkpoint(check_interval=False)
     self._sync_on_async_checkpointing()
+
+  @contextlib.contextmanager
+  def _saving_on_signal(self) -> Iterator[None]:
+    """A window in which SIGTERM/SIGINT asks for a checkpoint; checked once
+    more on leaving it.
+
+    Raises:
+      errors.Preempted: After saving at the step reached.
+    """
+    if self._preemption is None:
+      yield
+      return
+    with self._preemption.armed():
+      yield
+      self._check_preemption()
+    if self._preemption.received and not self._preemption.is_armed:
+      # The signal came after the last check, and training is over: its
+      # final checkpoint is saved.
+      raise errors.Preempted(self._step, self._preemption_exit_code)
+
+  def _check_preemption(self) -> None:
+    """Saves and stops if any worker got a signal; every worker calls it at
+    the same points.
+
+    Raises:
+      errors.Preempted: After saving at the step reached.
+    """
+    if self._preemption is not None and self._preemption.agreed(
+        self.strategy, self._num_workers):
+      self._maybe_save_checkpoint(check_interval=False)
+      raise errors.Preempted(self._step, self._preemption_exit_code)
 
   def _stop_early(self) -> bool:
     """Whether `stop_fn` says to stop; logs the reason once."""
@@ -223,16 +260,26 @@ class Controller(orbit.Controller):
     self._require("evaluator", for_method="train_and_evaluate")
     self._warn_if_past(train_steps)
     output = None
-    while self._step < train_steps and not self._stop_early():
-      target = train_steps
-      if eval_interval:
-        target = min(train_steps,
-                     (self._step // eval_interval + 1) * eval_interval)
-      # The final checkpoint (also of a run stopping early) is saved before
-      # the final evaluation, so an evaluation that fails loses no step.
-      self.train(target, checkpoint_at_completion=target >= train_steps)
+    final = False
+    with self._saving_on_signal():
+      while self._step < train_steps and not self._stop_early():
+        target = train_steps
+        if eval_interval:
+          target = min(train_steps,
+                       (self._step // eval_interval + 1) * eval_interval)
+        # The final checkpoint (also of a run stopping early) is saved
+        # before the final evaluation, so an evaluation that fails (or a
+        # signal during it) loses no step.
+        self.train(target, checkpoint_at_completion=target >= train_steps)
+        if self._step >= train_steps or self.stop_reason:
+          final = True
+          break
+        output = self.evaluate(eval_steps)
+        # A signal during it saves now, not after one more loop.
+        self._check_preemption()
+      self._maybe_save_checkpoint(check_interval=False)
+    if final:
       output = self.evaluate(eval_steps)
-    self._maybe_save_checkpoint(check_interval=False)
     self._sync_on_async_checkpointing()
     return output
 
@@ -277,6 +324,7 @@ class Controller(orbit.Controller):
           f"newest checkpoint is step {self._last_saved_step}).", self._step)
     path = self.checkpoint_manager.save(checkpoint_number=self._step)
     self._last_saved_step = self._step
+    self._newest_step = self._step
     console.info(f"saved checkpoint {path}")
     return True
 

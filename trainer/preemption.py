@@ -1,12 +1,27 @@
 """Turning SIGTERM and SIGINT into a checkpoint and a "restart me" exit.
 
-Schedulers stop a job with SIGTERM (then SIGKILL after a grace period). The
-handler here only records the signal; the controller checks it after every
-loop, saves a checkpoint at the step reached and stops with
-`errors.Preempted`, which the command line turns into
+Schedulers stop a job with SIGTERM, then SIGKILL after a grace period
+(Kubernetes: 30 s by default; Slurm: `KillWait`, 30 s by default). The first
+signal during training asks for a checkpoint: the controller checks after
+every loop (and every evaluation between loops), saves at the step reached
+and stops with `errors.Preempted`, which the command line turns into
 `trainer.preemption_exit_code` (TensorFlow's own handler uses 42; 0 would
-tell a scheduler the job finished). A second signal gets Python's default
-behaviour, so a stuck run can still be stopped.
+tell a scheduler the job finished). If training has not stopped
+`trainer.preemption_grace_seconds` after the signal (a loop stuck on its
+input, say), or on a second signal, the process exits at once with the same
+code, keeping the checkpoints already saved (a save is written to
+`ckpt-N_temp` and renamed, and the state file is updated last, so an
+interrupted save is never restored). Outside training (start-up, the final
+evaluation and export, the eval modes) nothing waits: the process exits at
+once.
+
+Python runs a signal handler only when the main thread returns to bytecode,
+never while it waits inside TensorFlow (a step, an input blocked in a
+`tf.py_function`). So `train.py` blocks both signals before TensorFlow starts
+its threads (they inherit the mask) and a `Receiver` takes them on a thread
+of its own with `signal.sigwait`. Without a receiver (the library called
+in-process), `PreemptionWatcher` installs Python handlers instead: it works
+between TensorFlow calls only, and a second signal gets Python's default.
 
 `tf.distribute.experimental.PreemptionCheckpointHandler` does the same but
 numbers checkpoints by save count rather than step, and its constructor
@@ -14,23 +29,77 @@ queries the GCE metadata server (a 5 s timeout off GCE, measured); with
 several workers the watcher here has them agree through one all-reduce.
 """
 
+import contextlib
 import signal
-from typing import Optional
+import threading
+import time
+from typing import Callable, Iterator, Optional, Tuple
 
 from absl import logging
 import tensorflow as tf
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+DEFAULT_EXIT_CODE = 42
+DEFAULT_GRACE_SECONDS = 25.0
+
+# The step reached and the newest checkpoint's step (None: none yet).
+Progress = Tuple[int, Optional[int]]
+
+_receiver: Optional["Receiver"] = None
+
+
+def block_signals() -> None:
+  """Blocks SIGTERM and SIGINT in this thread and the threads it starts.
+
+  Call it before TensorFlow is imported: threads started earlier keep the
+  signals unblocked and may take one with its default action.
+  """
+  signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+
+
+def start_receiver(exit_fn: Callable[[str, int], None]) -> "Receiver":
+  """Blocks SIGTERM and SIGINT and receives them on a daemon thread.
+
+  Args:
+    exit_fn: Called as `exit_fn(line, exit_code)` to end the process at
+      once; it must not return.
+
+  Returns:
+    The process's receiver (the same one on a second call).
+  """
+  global _receiver
+  if _receiver is None:
+    block_signals()
+    _receiver = Receiver(exit_fn)
+    threading.Thread(target=_receiver.serve, name="signal-receiver",
+                     daemon=True).start()
+  return _receiver
+
+
+def _name(signum: int) -> str:
+  return signal.Signals(signum).name
 
 
 class PreemptionWatcher:
-  """Records SIGTERM/SIGINT while installed; a context manager."""
+  """Records SIGTERM/SIGINT for the controller; a context manager.
+
+  Entered, it attaches to the process's `Receiver`, or else installs Python
+  handlers. The controller opens `armed()` windows where a signal asks for a
+  checkpoint, and sets `progress_fn` for the line printed if the process
+  must exit without one.
+  """
 
   def __init__(self):
     self._received: Optional[int] = None
     self._previous = {}
+    self._armed = 0
+    self._trained = False
+    self.progress_fn: Optional[Callable[[], Progress]] = None
 
   def __enter__(self) -> "PreemptionWatcher":
+    if _receiver is not None:
+      _receiver.watcher = self
+      return self
     for signum in SIGNALS:
       try:
         self._previous[signum] = signal.signal(signum, self._handle)
@@ -39,6 +108,7 @@ class PreemptionWatcher:
     return self
 
   def __exit__(self, *unused_exc_info) -> None:
+    # A receiver keeps the watcher: a signal after training says so.
     for signum, handler in self._previous.items():
       signal.signal(signum, handler)
     self._previous.clear()
@@ -48,7 +118,40 @@ class PreemptionWatcher:
     # The next one is handled as if no watcher were installed.
     signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
     logging.warning("received %s: saving a checkpoint after this loop",
-                    signal.Signals(signum).name)
+                    _name(signum))
+
+  @contextlib.contextmanager
+  def armed(self) -> Iterator[None]:
+    """A window (nestable) in which a signal asks for a checkpoint.
+
+    Leaving the outermost window without an error marks training as done.
+    """
+    self._armed += 1
+    try:
+      yield
+    finally:
+      self._armed -= 1
+    if not self._armed:
+      self._trained = True
+
+  @property
+  def is_armed(self) -> bool:
+    """Whether a signal now asks for a checkpoint."""
+    return self._armed > 0
+
+  @property
+  def trained(self) -> bool:
+    """Whether an armed window ended without an error: training is done."""
+    return self._trained
+
+  def defer(self, signum: int) -> bool:
+    """Records `signum`; returns whether training will save for it.
+
+    The signal is recorded before the window is read: a window closing at
+    the same time either sees it (and stops) or is seen closed.
+    """
+    self._received = signum
+    return self.is_armed
 
   @property
   def received(self) -> bool:
@@ -71,3 +174,130 @@ class PreemptionWatcher:
         strategy.experimental_distribute_values_from_function(
             lambda unused_context: flag), axis=None)
     return bool(count.numpy() > 0)
+
+
+class Receiver:
+  """Takes SIGTERM and SIGINT on its own thread, whatever the main thread
+  is doing, and decides between a checkpoint and an exit at once.
+
+  Until `configure` is called, a signal waits for it (the exit code is part
+  of the configuration).
+  """
+
+  def __init__(self, exit_fn: Callable[[str, int], None],
+               clock: Callable[[], float] = time.monotonic):
+    """Creates a receiver; `serve` runs it.
+
+    Args:
+      exit_fn: Ends the process: `exit_fn(line, exit_code)`.
+      clock: Seconds, for the grace period.
+    """
+    self._exit_fn = exit_fn
+    self._clock = clock
+    self._exit_code = DEFAULT_EXIT_CODE
+    self._grace_seconds = DEFAULT_GRACE_SECONDS
+    self._training = True
+    self._configured = False
+    self._first: Optional[int] = None
+    self._deadline: Optional[float] = None
+    self.watcher: Optional[PreemptionWatcher] = None
+
+  def configure(self, exit_code: int, grace_seconds: float,
+                training: bool) -> None:
+    """Sets the exit code and grace period; exits now if a signal came.
+
+    Args:
+      exit_code: `trainer.preemption_exit_code`.
+      grace_seconds: `trainer.preemption_grace_seconds`.
+      training: Whether the mode trains (for the exit line).
+    """
+    self._exit_code = exit_code
+    self._grace_seconds = grace_seconds
+    self._training = training
+    self._configured = True
+    if self._first is not None:
+      self._exit_now(self._first)
+
+  def serve(self) -> None:
+    """Receives signals until the process ends."""
+    while True:
+      if self._deadline is None:
+        self.handle(signal.sigwait(SIGNALS))
+        continue
+      info = signal.sigtimedwait(
+          SIGNALS, max(self._deadline - self._clock(), 0.0))
+      if info is None:
+        self.expire()
+      else:
+        self.handle(info.si_signo)
+
+  def handle(self, signum: int) -> None:
+    """Acts on one signal."""
+    if self._first is not None:
+      if not self._configured:
+        self._exit_now(self._first)
+      else:
+        self._exit_fn(self._forced(
+            f"a second signal ({_name(signum)}) came before training "
+            "stopped"), self._exit_code)
+      return
+    self._first = signum
+    if not self._configured:
+      # Waits for the configured exit code, at most the default grace.
+      self._deadline = self._clock() + self._grace_seconds
+    elif self.watcher is None or not self.watcher.defer(signum):
+      self._exit_now(signum)
+    else:
+      logging.warning("received %s: saving a checkpoint after this loop",
+                      _name(signum))
+      self._deadline = self._clock() + self._grace_seconds
+
+  def expire(self) -> None:
+    """Ends the process: the grace period after the first signal is over."""
+    if not self._configured:
+      self._exit_now(self._first)
+    else:
+      self._exit_fn(self._forced(
+          f"training did not stop within {self._grace_seconds:g} s of "
+          f"{_name(self._first)} (`trainer.preemption_grace_seconds`)"),
+                    self._exit_code)
+
+  def _progress(self) -> Optional[Progress]:
+    watcher = self.watcher
+    if watcher is None or watcher.progress_fn is None:
+      return None
+    return watcher.progress_fn()
+
+  def _exit_now(self, signum: int) -> None:
+    """Exits at once for a signal outside training."""
+    code, name = self._exit_code, _name(signum)
+    watcher, progress = self.watcher, self._progress()
+    if watcher is not None and watcher.trained and progress:
+      line = (f"preempted by {name} after training: the final checkpoint "
+              f"(step {progress[0]}) is saved; run the same command again to "
+              f"finish (exit code {code})")
+    elif self._training:
+      line = (f"preempted by {name} before training started: nothing to "
+              f"save; run the same command again (exit code {code})")
+    else:
+      line = (f"preempted by {name}: nothing to save; run the same command "
+              f"again (exit code {code})")
+    self._exit_fn(line, code)
+
+  def _forced(self, reason: str) -> str:
+    """The line for an exit during training, without waiting for it."""
+    code, progress = self._exit_code, self._progress()
+    if progress is None:
+      return (f"preempted: {reason}; run the same command again (exit code "
+              f"{code})")
+    step, newest = progress
+    if newest == step:
+      return (f"preempted at step {step}: checkpoint saved; {reason}; run "
+              f"the same command again to resume (exit code {code})")
+    if newest is None:
+      kept = "there is no earlier one"
+    else:
+      kept = f"the newest checkpoint (step {newest}) is kept"
+    return (f"preempted: {reason}; no checkpoint of step {step} saved; "
+            f"{kept}; run the same command again to resume (exit code "
+            f"{code})")

@@ -1,0 +1,297 @@
+"""Signals while TensorFlow is busy, and input that fails or hangs.
+
+Real processes: a user's task whose training input blocks forever (or
+raises) at example 640, inside a `tf.py_function`, so the main thread waits
+inside TensorFlow where Python signal handlers never run. Each process runs
+under a timeout.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import helpers
+from trainer import preemption
+
+FAULTY_TASK = textwrap.dedent('''
+    import time
+
+    import gin
+    import tensorflow as tf
+    from tasks import digits
+
+
+    @gin.configurable
+    class FaultyDigits(digits.DigitsClassification):
+      """Digits whose training input blocks or raises at example `fault_at`;
+      its eval input waits `eval_delay` seconds before the first example."""
+
+      def __init__(self, fault: str = "raise", fault_at: int = 640,
+                   eval_delay: float = 0.0):
+        super().__init__()
+        self.fault = fault
+        self.fault_at = fault_at
+        self.eval_delay = eval_delay
+
+      def build_inputs(self, training, input_context=None):
+        dataset = super().build_inputs(training, input_context)
+        fault, fault_at, delay = self.fault, self.fault_at, self.eval_delay
+
+        def check(index):
+          index = int(index)
+          if not training:
+            if index == 0 and delay:
+              print("eval input | waiting", flush=True)
+              time.sleep(delay)
+          elif index >= fault_at and fault == "block":
+            while True:
+              time.sleep(1)
+          elif index >= fault_at:
+            raise RuntimeError(f"simulated read failure at example {index}")
+          return index
+
+        def mark(index, example):
+          image, label = example
+          index = tf.py_function(check, [index], tf.int64)
+          return image, label + tf.cast(index * 0, label.dtype)
+
+        if training:
+          dataset = dataset.repeat()
+        return dataset.enumerate().map(mark)
+''')
+
+# Batches of 64: example 640 is in step 11. Loops of 2 steps and a
+# checkpoint every 4: step 10 is reached, step 8 is the newest checkpoint.
+FAULTY_GIN = textwrap.dedent('''
+    import faulty_task
+    experiment.task = @FaultyDigits()
+    trainer.train_steps = 100000
+    trainer.steps_per_loop = 2
+    trainer.summary_interval = 2
+    trainer.checkpoint_interval = 4
+    trainer.global_batch_size = 64
+''')
+
+KEPT = ("no checkpoint of step 10 saved; the newest checkpoint (step 8) is "
+        "kept; run the same command again to resume (exit code 42)")
+
+
+@pytest.fixture(name="faulty_gin")
+def fixture_faulty_gin(tmp_path):
+  directory = tmp_path / "user"
+  directory.mkdir()
+  (directory / "faulty_task.py").write_text(FAULTY_TASK)
+  (directory / "faulty.gin").write_text(FAULTY_GIN)
+  return f"--gin_file={directory / 'faulty.gin'}"
+
+
+def _last_stderr_line(run):
+  return run.stderr.strip().splitlines()[-1]
+
+
+def _stuck_at_step_10(faulty_gin, model_dir, *params):
+  """Starts a run whose input blocks in step 11; returns once it waits."""
+  run = helpers.TrainProcess(
+      [faulty_gin, f"--model_dir={model_dir}", "--mode=train",
+       '--gin_param=FaultyDigits.fault="block"', *params])
+  run.wait_for(r"train \| step\s+10/", timeout=120)
+  time.sleep(1)  # Into the loop of steps 11 and 12, waiting for input.
+  return run
+
+
+def _assert_step_8_intact(model_dir):
+  assert helpers.checkpoint_step(str(model_dir)) == 8
+  assert not [name for name in os.listdir(model_dir)
+              if "temp" in name or name.startswith(".tmp")]
+  assert helpers.checkpoint_numbers(str(model_dir / "ckpt-8"))
+
+
+def test_sigterm_while_the_input_blocks_exits_after_the_grace_period(
+    tmp_path, faulty_gin):
+  model_dir = tmp_path / "run"
+  run = _stuck_at_step_10(faulty_gin, model_dir,
+                          "--gin_param=trainer.preemption_grace_seconds=3")
+  try:
+    run.process.send_signal(signal.SIGTERM)
+    sent = time.time()
+    returncode = run.finish(timeout=30)
+  finally:
+    run.close()
+  waited = time.time() - sent
+  assert 3 <= waited < 8, waited
+  assert returncode == 42, run.stderr[-2000:]
+  assert "received SIGTERM: saving a checkpoint after this loop" in run.stderr
+  assert _last_stderr_line(run) == (
+      "train.py: error: preempted: training did not stop within 3 s of "
+      "SIGTERM (`trainer.preemption_grace_seconds`); " + KEPT)
+  _assert_step_8_intact(model_dir)
+
+  # The same command resumes from it (here up to step 10, before the fault).
+  resumed = helpers.TrainProcess(
+      [faulty_gin, f"--model_dir={model_dir}", "--mode=train",
+       '--gin_param=FaultyDigits.fault="block"',
+       "--gin_param=trainer.train_steps=10"])
+  assert resumed.finish(timeout=120) == 0, resumed.stderr[-2000:]
+  assert "at step 8" in resumed.output
+  assert helpers.checkpoint_step(str(model_dir)) == 10
+
+
+def test_a_second_signal_exits_at_once(tmp_path, faulty_gin):
+  model_dir = tmp_path / "run"
+  run = _stuck_at_step_10(faulty_gin, model_dir,
+                          "--gin_param=trainer.preemption_grace_seconds=60")
+  try:
+    run.process.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    run.process.send_signal(signal.SIGINT)
+    sent = time.time()
+    returncode = run.finish(timeout=30)
+  finally:
+    run.close()
+  assert time.time() - sent < 5
+  assert returncode == 42, run.stderr[-2000:]
+  assert _last_stderr_line(run) == (
+      "train.py: error: preempted: a second signal (SIGINT) came before "
+      "training stopped; " + KEPT)
+  _assert_step_8_intact(model_dir)
+
+
+def _blocked_signals(pid):
+  """Returns the signals blocked in the main thread of process `pid`."""
+  with open(f"/proc/{pid}/status") as f:
+    for line in f:
+      if line.startswith("SigBlk:"):
+        mask = int(line.split()[1], 16)
+        return {s for s in signal.Signals if mask & (1 << (s - 1))}
+  return set()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"),
+                    reason="reads /proc")
+def test_sigterm_during_startup_exits_with_the_preemption_code(tmp_path):
+  run = helpers.TrainProcess(
+      ["--gin_file=gin/digits.gin", f"--model_dir={tmp_path / 'run'}",
+       "--gin_param=trainer.preemption_exit_code=75"])
+  try:
+    # As soon as train.py's first line has run, long before training.
+    deadline = time.time() + 30
+    while not {signal.SIGTERM, signal.SIGINT} <= _blocked_signals(
+        run.process.pid):
+      assert time.time() < deadline and run.process.poll() is None
+      time.sleep(0.01)
+    run.process.send_signal(signal.SIGTERM)
+    returncode = run.finish(timeout=60)
+  finally:
+    run.close()
+  assert returncode == 75, run.stderr[-2000:]
+  assert _last_stderr_line(run) == (
+      "train.py: error: preempted by SIGTERM before training started: "
+      "nothing to save; run the same command again (exit code 75)")
+  assert "train |" not in run.output
+
+
+def test_sigint_during_the_final_evaluation_exits_at_once(tmp_path,
+                                                          faulty_gin):
+  model_dir = tmp_path / "run"
+  run = helpers.TrainProcess(
+      [faulty_gin, f"--model_dir={model_dir}", "--mode=train_and_eval",
+       "--gin_param=trainer.train_steps=4",
+       "--gin_param=FaultyDigits.eval_delay=1000"])
+  try:
+    run.wait_for("eval input | waiting", timeout=120)
+    run.process.send_signal(signal.SIGINT)
+    sent = time.time()
+    returncode = run.finish(timeout=30)
+  finally:
+    run.close()
+  assert time.time() - sent < 5
+  assert returncode == 42, run.stderr[-2000:]
+  assert _last_stderr_line(run) == (
+      "train.py: error: preempted by SIGINT after training: the final "
+      "checkpoint (step 4) is saved; run the same command again to finish "
+      "(exit code 42)")
+  assert helpers.checkpoint_step(str(model_dir)) == 4
+
+
+def test_an_input_that_raises_always_exits_with_its_message(tmp_path,
+                                                            faulty_gin):
+  # Exit used to hang in ~IteratorResource in 3 runs of 4: five at once.
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  runs = [subprocess.Popen(
+      [sys.executable, helpers.TRAIN_PY, faulty_gin, "--mode=train",
+       f"--model_dir={tmp_path / str(index)}"], cwd=helpers.REPO_ROOT,
+      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+          for index in range(5)]
+  try:
+    results = [run.communicate(timeout=120) for run in runs]
+  finally:
+    for run in runs:
+      if run.poll() is None:
+        run.kill()
+        run.communicate()
+  for run, (_, stderr) in zip(runs, results):
+    assert run.returncode == 1, stderr[-2000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("train.py: error: "), last
+    assert last.endswith(
+        "RuntimeError: simulated read failure at example 640"), last
+
+
+class _Exited(Exception):
+  pass
+
+
+def _receiver(progress=(10, 8)):
+  """A receiver with a fake clock whose exits raise `_Exited(line, code)`."""
+  now = [0.0]
+
+  def exit_fn(line, code):
+    raise _Exited(line, code)
+
+  receiver = preemption.Receiver(exit_fn, clock=lambda: now[0])
+  watcher = preemption.PreemptionWatcher()
+  watcher.progress_fn = lambda: progress
+  receiver.watcher = watcher
+  return receiver, watcher
+
+
+def test_receiver_waits_for_the_configured_exit_code():
+  receiver, _ = _receiver()
+  receiver.handle(signal.SIGTERM)  # During flag parsing: nothing yet.
+  with pytest.raises(_Exited) as exited:
+    receiver.configure(75, 10.0, training=False)
+  assert exited.value.args == (
+      "preempted by SIGTERM: nothing to save; run the same command again "
+      "(exit code 75)", 75)
+
+
+def test_receiver_defers_while_armed_and_exits_when_the_time_is_up():
+  receiver, watcher = _receiver(progress=(10, None))
+  receiver.configure(42, 3.0, training=True)
+  with watcher.armed():
+    receiver.handle(signal.SIGINT)  # Recorded; the loop will save.
+    assert watcher.received
+    with pytest.raises(_Exited) as exited:
+      receiver.expire()
+  assert exited.value.args[0] == (
+      "preempted: training did not stop within 3 s of SIGINT "
+      "(`trainer.preemption_grace_seconds`); no checkpoint of step 10 "
+      "saved; there is no earlier one; run the same command again to resume "
+      "(exit code 42)")
+
+
+def test_receiver_after_training_names_the_final_checkpoint():
+  receiver, watcher = _receiver(progress=(100, 100))
+  receiver.configure(42, 3.0, training=True)
+  with watcher.armed():
+    pass
+  with pytest.raises(_Exited) as exited:
+    receiver.handle(signal.SIGTERM)
+  assert exited.value.args[0] == (
+      "preempted by SIGTERM after training: the final checkpoint (step 100) "
+      "is saved; run the same command again to finish (exit code 42)")
