@@ -502,3 +502,19 @@ def test_a_save_over_the_file_size_limit_is_not_reported_as_empty_input(
   assert last.startswith("train.py: error: OutOfRangeError: ")
   assert last.endswith("File too large"), last
   assert "yields no batch" not in result.stderr
+
+
+def test_an_os_error_in_the_frameworks_own_writes_is_one_line(tmp_path):
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  (model_dir / "best").write_text("a file where best/ should be")
+  result = helpers.run_cli(
+      [f"--gin_file={DIGITS}", f"--model_dir={model_dir}",
+       "--gin_param=trainer.train_steps=20",
+       "--gin_param=best_checkpoint.metric='accuracy'",
+       "--gin_param=best_checkpoint.higher_is_better=True"])
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 1
+  assert lines[-1] == (f"train.py: error: NotADirectoryError: [Errno 20] Not "
+                       f"a directory: '{model_dir}/best/best.json'")
+  assert "Traceback" not in result.stderr
