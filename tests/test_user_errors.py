@@ -134,8 +134,11 @@ def test_eager_error_names_the_hook(user):
       "KeyError: 'missing'")
 
 
-def test_file_outside_the_working_directory_keeps_its_full_path(user):
-  os.chdir(os.path.dirname(helpers.REPO_ROOT))
+def test_file_outside_the_working_directory_keeps_its_full_path(
+    user, tmp_path_factory, monkeypatch):
+  # A sibling of the user's folder: it cannot contain the user's file
+  # (the repository's parent can, when pytest's temp is under it).
+  monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
   error = _raised(user.MyTask().build_model)
   assert f"({user.__file__}:{_line(USER_CODE, 'EAGER')})" in (
       user_errors.describe(error))
