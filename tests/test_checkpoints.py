@@ -97,7 +97,8 @@ def test_interrupted_save_folders_are_removed(tmp_path):
   leftover = tmp_path / "ckpt-20_temp"
   leftover.mkdir()
   (leftover / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"x")
-  assert checkpoints.remove_interrupted_saves(model_dir) == [str(leftover)]
+  assert checkpoints.remove_interrupted_saves(
+      model_dir, [checkpoints.SAVES]) == [str(leftover)]
   assert not leftover.exists()
   assert os.path.exists(os.path.join(model_dir, "ckpt-10.index"))
   # A training run cleans up on start.
@@ -106,27 +107,37 @@ def test_interrupted_save_folders_are_removed(tmp_path):
   assert not leftover.exists()
 
 
-def test_leftovers_of_every_interrupted_write_are_removed(tmp_path):
+def test_each_role_removes_the_leftovers_of_its_own_writes(tmp_path):
   model_dir = str(tmp_path)
   _train(model_dir, 10)
-  leftovers = [tmp_path / "best" / "ckpt-500_temp",
-               tmp_path / "export" / ".tmp-1500-0a1b2c3d",
-               tmp_path / "best" / "export" / ".tmp-300-0a1b2c3d",
-               tmp_path / "best" / "export" / ".tmp-300-0a1b2c3d.old"]
-  for folder in leftovers:
-    folder.mkdir(parents=True)
-    (folder / "data").write_bytes(b"x")
-  parts = [tmp_path / ".tmp-abc.part", tmp_path / "eval" / ".tmp-x.part",
-           tmp_path / "best" / ".tmp-y.part"]
-  (tmp_path / "eval").mkdir()
-  for part in parts:
-    part.write_text("{")
+  trainers = [tmp_path / "ckpt-20_temp",
+              tmp_path / "export" / ".tmp-1500-0a1b2c3d",
+              tmp_path / ".tmp-operative_config.gin-abc.part"]
+  evaluators = [tmp_path / "best" / "ckpt-500_temp",
+                tmp_path / "best" / "export" / ".tmp-300-0a1b2c3d",
+                tmp_path / "best" / "export" / ".tmp-300-0a1b2c3d.old",
+                tmp_path / "best" / ".tmp-best.json-y.part",
+                tmp_path / "eval" / ".tmp-evaluated.json-x.part",
+                tmp_path / ".tmp-early_stopping.json-z.part"]
+  for path in trainers + evaluators:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.name.endswith(".part"):
+      path.write_text("{")
+    else:
+      path.mkdir()
+      (path / "data").write_bytes(b"x")
   kept = [tmp_path / "best" / "ckpt-400.index", tmp_path / "best" / "best.json",
           tmp_path / "export" / "1000" / "saved_model.pb"]
   for path in kept:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("kept")
-  removed = checkpoints.remove_interrupted_saves(model_dir)
-  assert sorted(removed) == sorted(str(p) for p in leftovers + parts)
+  # A trainer beside a running evaluator leaves the evaluator's writes alone.
+  removed = checkpoints.remove_interrupted_saves(
+      model_dir, [checkpoints.SAVES, "operative_config.gin", "export"])
+  assert sorted(removed) == sorted(str(p) for p in trainers)
+  assert all(path.exists() for path in evaluators)
+  removed = checkpoints.remove_interrupted_saves(
+      model_dir, ["best", "eval", "early_stopping.json"])
+  assert sorted(removed) == sorted(str(p) for p in evaluators)
   assert all(path.exists() for path in kept)
   assert os.path.exists(os.path.join(model_dir, "ckpt-10.index"))

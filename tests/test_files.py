@@ -68,11 +68,3 @@ def test_failed_write_directory_leaves_the_old_one(tmp_path):
   with open(os.path.join(target, "data")) as f:
     assert f.read() == "good"
   assert os.listdir(tmp_path) == ["100"]
-
-
-def test_remove_leftovers(tmp_path):
-  (tmp_path / ".tmp-export-1234").mkdir()
-  (tmp_path / ".tmp-abc.part").write_text("half")
-  (tmp_path / "keep.json").write_text("{}")
-  files.remove_leftovers(str(tmp_path))
-  assert os.listdir(tmp_path) == ["keep.json"]

@@ -95,7 +95,6 @@ class BestCheckpoint:
     self._export_fn = export_fn
     self._best = orbit.actions.NewBestMetric(
         config.metric, higher_is_better=config.higher_is_better)
-    files.remove_leftovers(self.directory)
     self.record = files.read_json(os.path.join(self.directory, BEST_RECORD))
     if self.record and (self.record["metric"], self.record[
         "higher_is_better"]) == (config.metric, config.higher_is_better):

@@ -11,7 +11,7 @@ import collections
 import os
 import re
 import shutil
-from typing import Callable, List, Optional, Set
+from typing import Callable, List, Optional, Sequence, Set
 
 from absl import logging
 import tensorflow as tf
@@ -242,34 +242,62 @@ def _restore_one(checkpoint: tf.train.Checkpoint, path: str,
     status.assert_existing_objects_matched().expect_partial()
 
 
-def remove_interrupted_saves(directory: str) -> List[str]:
-  """Deletes what saves and writes that were killed left in `directory`.
+# What the name of an interrupted checkpoint save's folder matches, in
+# `remove_interrupted_saves`'s `owned`.
+SAVES = "ckpt"
+
+
+def remove_interrupted_saves(directory: str,
+                             owned: Sequence[str]) -> List[str]:
+  """Deletes what killed saves and writes of this process's role left.
 
   Checkpoint saves write into `<prefix>_temp` and rename it when complete
   (the state file lists completed saves only); exports and records write
-  `.tmp-*` folders and files (`files.write_directory`, `files.write_text`)
-  and rename them. Such leftovers, at the top and in `best/`, `export/`,
-  `best/export/` and `eval/`, are never read, and a later write of the same
-  name would trip over them.
+  `.tmp-<name>-*` folders and files (`files.write_directory`,
+  `files.write_text`) and rename them. Such leftovers are never read, and a
+  later write of the same name would trip over them. Only `owned` ones go:
+  a trainer and an evaluator may share `directory`, and one must not remove
+  what the other is writing.
+
+  Args:
+    directory: The model_dir.
+    owned: What this process writes: `SAVES` (checkpoint saves), and names
+      at the top of `directory`, files (leftovers of their atomic writes)
+      or folders (every leftover anywhere inside).
 
   Returns:
     The removed paths.
   """
   removed = []
-  for root, folders, names in os.walk(directory):
-    for name in sorted(folders + names):
-      path = os.path.join(root, name)
-      interrupted_save = (name.startswith("ckpt-") and name.endswith("_temp")
-                          and os.path.isdir(path))
-      if not (interrupted_save or name.startswith(files.TEMPORARY_PREFIX)):
-        continue
-      if os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)
-      else:
-        os.remove(path)
-      removed.append(path)
-      logging.warning("removed %s, left by an interrupted write", path)
-    # Not into what was removed, nor into event files and profiles.
-    folders[:] = [f for f in folders if os.path.isdir(os.path.join(root, f))
-                  and not (root == directory and f == "train")]
+
+  def remove(path: str) -> None:
+    if os.path.isdir(path):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      os.remove(path)
+    removed.append(path)
+    logging.warning("removed %s, left by an interrupted write", path)
+
+  def interrupted_save(path: str) -> bool:
+    name = os.path.basename(path)
+    return (name.startswith("ckpt-") and name.endswith("_temp") and
+            os.path.isdir(path))
+
+  if not os.path.isdir(directory):
+    return removed
+  for name in sorted(os.listdir(directory)):
+    path = os.path.join(directory, name)
+    if (SAVES in owned and interrupted_save(path)) or any(
+        name.startswith(f"{files.TEMPORARY_PREFIX}{target}-")
+        for target in owned):
+      remove(path)
+    elif name in owned and os.path.isdir(path):
+      for root, folders, names in os.walk(path):
+        for leftover in sorted(folders + names):
+          found = os.path.join(root, leftover)
+          if (interrupted_save(found) or
+              leftover.startswith(files.TEMPORARY_PREFIX)):
+            remove(found)
+        folders[:] = [f for f in folders
+                      if os.path.isdir(os.path.join(root, f))]
   return removed

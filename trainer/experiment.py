@@ -165,8 +165,6 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
                         parts.config) as write_dir, (
       preemption.PreemptionWatcher() if parts.training else
       contextlib.nullcontext()) as watcher:
-    if parts.training and parts.worker.is_chief:
-      checkpoints.remove_interrupted_saves(write_dir)
     early_stopping = None
     if parts.config.early_stopping.metric is not None:
       early_stopping = actions.EarlyStopping(
@@ -549,6 +547,16 @@ def _all_finite(variables) -> bool:
   return bool(tf.reduce_all(checks).numpy()) if checks else True
 
 
+# What each lease holder writes at the top of model_dir: it removes the
+# leftovers of its own interrupted writes there, and only those.
+_WRITTEN_BY = {
+    lease.TRAINER: (checkpoints.SAVES, summaries.OPERATIVE_CONFIG_FILE,
+                    "export"),
+    lease.EVALUATOR: (actions.BEST_DIRECTORY, "eval",
+                      actions.EARLY_STOPPING_RECORD),
+}
+
+
 def _lease_roles(mode: str, config: TrainerConfig) -> list:
   """Returns the leases on `model_dir` a chief running `mode` must hold: the
   trainer's to train, the evaluator's to write evaluation records (`best/`,
@@ -570,7 +578,8 @@ def _write_directory(model_dir: str, worker: cluster.WorkerInfo, mode: str,
   """Yields where this process writes: `model_dir` for the chief only.
 
   The chief takes its leases on `model_dir` (`trainer.lease`) before it
-  changes anything there: a second run exits leaving it untouched. Other
+  changes anything there: a second run exits leaving it untouched. Then it
+  removes what interrupted writes of its roles left. Other
   workers take part in every save and summary (they may involve
   collectives) but write into a temporary directory of their own, removed
   afterwards, so no two processes ever write the same file.
@@ -580,8 +589,10 @@ def _write_directory(model_dir: str, worker: cluster.WorkerInfo, mode: str,
   """
   if worker.is_chief:
     os.makedirs(model_dir, exist_ok=True)
-    with lease.Lease(model_dir, _lease_roles(mode, config), mode,
-                     warn=console.warning):
+    roles = _lease_roles(mode, config)
+    with lease.Lease(model_dir, roles, mode, warn=console.warning):
+      checkpoints.remove_interrupted_saves(
+          model_dir, [name for role in roles for name in _WRITTEN_BY[role]])
       yield model_dir
     return
   directory = tempfile.mkdtemp(prefix=f"worker{worker.worker_index}-")

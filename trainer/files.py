@@ -31,8 +31,10 @@ def write_text(path: str, text: str) -> None:
   """
   directory = os.path.dirname(path) or "."
   os.makedirs(directory, exist_ok=True)
+  # Named after `path`, so a cleanup can tell whose write it was.
   with tempfile.NamedTemporaryFile("w", dir=directory, delete=False,
-                                   prefix=TEMPORARY_PREFIX,
+                                   prefix=(f"{TEMPORARY_PREFIX}"
+                                           f"{os.path.basename(path)}-"),
                                    suffix=".part") as f:
     try:
       f.write(text)
@@ -84,16 +86,3 @@ def write_directory(path: str, fill: Callable[[str], None]) -> None:
       os.replace(temporary, path)
   finally:
     shutil.rmtree(temporary, ignore_errors=True)
-
-
-def remove_leftovers(directory: str) -> None:
-  """Removes `.tmp-*` files and folders of writes that were interrupted."""
-  if not os.path.isdir(directory):
-    return
-  for name in os.listdir(directory):
-    if name.startswith(TEMPORARY_PREFIX):
-      path = os.path.join(directory, name)
-      if os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)
-      else:
-        os.remove(path)
