@@ -273,12 +273,9 @@ def _build(task: task_lib.Task, mode: str,
             flush=True)
   if evaluating or config.export.at_end:
     eval_input = make_input(task, False, strategy, config, runtime, worker)
-    batches = int(eval_input.dataset.cardinality())
-    if evaluating and 0 <= batches < config.validation_steps:
-      raise errors.ConfigError(
-          f"`trainer.validation_steps` ({config.validation_steps}) is more "
-          f"than the {batches} batch(es) of the evaluation dataset; use -1 "
-          "for one full pass.")
+    if evaluating:  # -1 (UNKNOWN) or -2 (INFINITE): checked as it runs.
+      inputs_lib.check_validation_steps(
+          config.validation_steps, int(eval_input.dataset.cardinality()))
   with strategy.scope():
     model = task.build_model()
     ensure_built(model, (train_input or eval_input).dataset.element_spec)

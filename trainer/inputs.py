@@ -220,6 +220,20 @@ def check_unbatched(element_spec) -> None:
         "`trainer.eval_batch_size`).")
 
 
+def check_validation_steps(validation_steps: int, num_batches: int) -> None:
+  """Raises if `validation_steps` asks for more than `num_batches` (the eval
+  set's batches, when known: >= 0); -1 (a full pass) never does.
+
+  Raises:
+    errors.ConfigError: Naming the setting and the eval set's size.
+  """
+  if 0 <= num_batches < validation_steps:
+    raise errors.ConfigError(
+        f"`trainer.validation_steps` ({validation_steps}) is more than the "
+        f"{num_batches} batch(es) of the evaluation dataset; use -1 for one "
+        "full pass.")
+
+
 def _check_not_empty(dataset: tf.data.Dataset, min_examples: int,
                      training: bool) -> None:
   """Raises if the dataset is known to hold fewer than `min_examples`.

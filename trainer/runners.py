@@ -507,11 +507,8 @@ class TaskEvaluator(orbit.StandardEvaluator):
       raise errors.ConfigError(
           "the evaluation dataset yielded no example (filtered out "
           "entirely?); `build_inputs(training=False)` must return some.")
-    if 0 < self._steps_run < self._requested_steps:
-      raise errors.ConfigError(
-          f"`trainer.validation_steps` ({self._requested_steps}) is more than "
-          f"the {self._steps_run} batch(es) of the evaluation dataset; use -1 "
-          "for one full pass.")
+    # The input ended before the steps asked for (its size was unknown).
+    inputs_lib.check_validation_steps(self._requested_steps, self._steps_run)
     results = {"loss": self._loss.result()}
     results.update(_metric_results(self.metrics))
     if self._aggregates:
