@@ -62,11 +62,12 @@ import tensorflow as tf
 import tf_keras
 
 from trainer import controller as controller_lib
-from trainer import experiment
 from trainer import inputs as inputs_lib
 from trainer import optimization
 from trainer import runners
 from trainer import runtime as runtime_lib
+from trainer import state as state_lib
+from trainer import summaries
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("strategy", "one_device", ["one_device", "mirrored"],
@@ -188,11 +189,11 @@ def build_ours(strategy: tf.distribute.Strategy,
       trainer=task_trainer,
       strategy=strategy,
       steps_per_loop=steps_per_loop,
-      summary_interval=SUMMARY_INTERVAL,
-      train_steps=train_steps,
-      global_batch_size=GLOBAL_BATCH_SIZE,
-      train_summary_writer=tf.summary.create_file_writer(summary_dir),
-      scalars_fn=lambda: experiment.loss_scale_scalars(optimizer))
+      reporter=summaries.TrainReporter(
+          tf.summary.create_file_writer(summary_dir),
+          train_steps=train_steps, global_batch_size=GLOBAL_BATCH_SIZE,
+          summary_interval=SUMMARY_INTERVAL,
+          scalars_fn=lambda: state_lib.loss_scale_scalars(optimizer)))
 
   def run(num_steps: int) -> int:
     controller.train(controller.step + num_steps)

@@ -51,9 +51,11 @@ import tensorflow as tf
 from tasks import fake_data
 from trainer import cli
 from trainer import cluster
-from trainer import experiment
+from trainer import gradients
+from trainer import inputs as inputs_lib
 from trainer import runners
 from trainer import runtime as runtime_lib
+from trainer import state as state_lib
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("fake_data", 0, "Write this many random training "
@@ -116,15 +118,15 @@ def report(task: trainer.Task, runtime: trainer.RuntimeConfig,
   strategy = runtime_lib.create_strategy(runtime)
   runtime_lib.set_precision_policy(runtime)
   runtime_lib.seed_everything(runtime)
-  train_input = experiment.make_input(task, True, strategy, config, runtime,
+  train_input = inputs_lib.for_task(task, True, strategy, config, runtime,
                                       cluster.worker_info(strategy))
   batch = config.global_batch_size
   pipeline = time_pipeline(train_input.build(), 2 * FLAGS.steps, batch)
   with strategy.scope():
     model = task.build_model()
-    experiment.ensure_built(model, train_input.dataset.element_spec)
+    state_lib.ensure_built(model, train_input.dataset.element_spec)
     global_step = orbit.utils.create_global_step()
-    optimizer = experiment.build_optimizer(task, model, config, runtime, 1.0)
+    optimizer = state_lib.build_optimizer(task, model, config, runtime, 1.0)
   trainers = {}
   for name in ("real", "cached"):
     if name == "cached":
@@ -133,7 +135,7 @@ def report(task: trainer.Task, runtime: trainer.RuntimeConfig,
     trainers[name] = runners.TaskTrainer(
         task, model, optimizer, strategy, train_input, global_step,
         enable_xla=runtime.enable_xla,
-        step_options=experiment.step_options(config))
+        step_options=gradients.StepOptions.from_config(config))
   results = {name: [] for name in trainers}
   with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
     for name, task_trainer in trainers.items():

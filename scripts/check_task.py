@@ -47,12 +47,14 @@ import orbit
 import tensorflow as tf
 import tf_keras
 
+from trainer import actions
 from trainer import cli
 from trainer import errors
-from trainer import experiment
+from trainer import gradients
 from trainer import inputs as inputs_lib
 from trainer import runners
 from trainer import runtime as runtime_lib
+from trainer import state as state_lib
 from trainer import task as task_lib
 
 PROGRAM = "check_task.py"
@@ -125,13 +127,13 @@ def build_run(task: task_lib.Task, strategy: tf.distribute.Strategy,
   without a seed of their own still read the same batches in every run.
   """
   tf_keras.utils.set_random_seed(FLAGS.seed)
-  train_input = experiment.make_input(task, True, strategy, config, runtime)
+  train_input = inputs_lib.for_task(task, True, strategy, config, runtime)
   # A new dataset: a second iterator over `train_input.dataset` would
   # reshuffle the trainer's (`shuffle(reshuffle_each_iteration=True)`).
   first_batch = next(iter(train_input.build()))
   with strategy.scope():
     model = task.build_model()
-    experiment.ensure_built(model, train_input.dataset.element_spec)
+    state_lib.ensure_built(model, train_input.dataset.element_spec)
     global_step = orbit.utils.create_global_step()
     optimizer = tf_keras.optimizers.SGD(FLAGS.learning_rate)
   if weights is None:
@@ -140,7 +142,7 @@ def build_run(task: task_lib.Task, strategy: tf.distribute.Strategy,
     model.set_weights(weights)
   task_trainer = runners.TaskTrainer(
       task, model, optimizer, strategy, train_input, global_step,
-      step_options=experiment.step_options(config))
+      step_options=gradients.StepOptions.from_config(config))
   return Run(train_input, model, optimizer, task_trainer, first_batch)
 
 
@@ -203,19 +205,19 @@ def check_hooks(task: task_lib.Task, strategy: tf.distribute.Strategy,
   with strategy.scope():
     model = call_hook("build_model", task.build_model)
   # The framework's own checks, as `train.py` runs them.
-  train_input = call_hook("build_inputs", experiment.make_input, task, True,
+  train_input = call_hook("build_inputs", inputs_lib.for_task, task, True,
                           strategy, config, runtime)
   if model.built:
-    call_hook("build_inputs", experiment.check_input_ranks, model,
+    call_hook("build_inputs", state_lib.check_input_ranks, model,
               train_input.dataset.element_spec[0])
   report(True, "build_inputs",
          f"single examples ({describe_specs(examples.element_spec)})")
   # The losses of an eval batch, as `validation_step` returns them: training
   # batches may need the task's own step to become model inputs (CIFAR-10's
   # crops), eval batches go to the model as they are.
-  eval_input = call_hook("build_inputs", experiment.make_input, task, False,
+  eval_input = call_hook("build_inputs", inputs_lib.for_task, task, False,
                          strategy, config, runtime)
-  experiment.ensure_built(model, eval_input.dataset.element_spec)
+  state_lib.ensure_built(model, eval_input.dataset.element_spec)
   batch = next(iter(eval_input.dataset))
   hook = ("validation_step" if task_lib.overrides(task, "validation_step")
           else "build_losses")
@@ -341,8 +343,8 @@ def compare_replicas(one: Run, many: Run, losses_one: List[float],
     causes.append(f"BatchNormalization layer '{name}' normalises each "
                   "replica's batch on its own: use "
                   "BatchNormalization(synchronized=True)")
-  random_ops = (one.trainer.stateful_random_ops() or
-                many.trainer.stateful_random_ops())
+  random_ops = (actions.stateful_random_ops(one.trainer.traced_loop()) or
+                actions.stateful_random_ops(many.trainer.traced_loop()))
   if random_ops:
     causes.append(random_ops_cause(random_ops))
   causes = causes or ["unknown: compare the task's train_step with "
@@ -364,7 +366,7 @@ def compare_resume(one: Run, resumed: Run, saved_step: int,
   if difference <= TOLERANCE * scale(final):
     report(True, "resume", figures)
     return True
-  random_ops = one.trainer.stateful_random_ops()
+  random_ops = actions.stateful_random_ops(one.trainer.traced_loop())
   if not same_input:
     cause = DIFFERENT_INPUT_CAUSE
   elif random_ops:

@@ -21,9 +21,8 @@ class Cifar10Classification(classification.ImageClassificationTask):
   time. The input pipeline draws each image's crop and flip (stateless,
   seeded per batch: a resumed run is exact, and the draws do not depend on
   the replica count); the training step applies them, on the device. Done
-  in the pipeline, the pixel work competed with training for the CPU: the
-  step took 1.16x as long as on cached batches there, measured with
-  scripts/benchmark_input.py on 2 cores.
+  in the pipeline, the pixel work competed with training for the CPU
+  (docs/benchmarks.md).
   """
 
   tfds_name = "cifar10"
@@ -54,9 +53,6 @@ class Cifar10Classification(classification.ImageClassificationTask):
         tf_keras.layers.Dense(64, activation="relu", name="hidden"),
         tf_keras.layers.Dense(10, name="logits"),
     ], name="cifar10_cnn")
-
-  def build_inputs(self, training, input_context=None) -> tf.data.Dataset:
-    return self.in_memory(training, input_context)
 
   def preprocess_batch(self, batch, training, seed):
     images, labels = self.gather(batch, training)

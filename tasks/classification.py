@@ -39,7 +39,10 @@ class ClassificationTask(trainer.Task):
 class DatasetClassificationTask(ClassificationTask):
   """Classifies the examples of a tfds dataset, or of TFRecord files.
 
-  Subclasses set the class attributes and build the model and pipeline.
+  Subclasses set the class attributes and build the model. The examples are
+  served from memory by default (`build_inputs`, `in_memory`), as indices
+  that `preprocess_batch` turns into a batch with `gather`; a split too
+  large for that overrides `build_inputs` to stream `read` instead.
 
   Attributes:
     tfds_name: The tensorflow-datasets name.
@@ -97,6 +100,12 @@ class DatasetClassificationTask(ClassificationTask):
         decode_images=decode)
     return dataset.map(lambda features, label: (features,
                                                 tf.cast(label, tf.int32)))
+
+  def build_inputs(self, training: bool,
+                   input_context: Optional[tf.distribute.InputContext] = None
+                   ) -> tf.data.Dataset:
+    """Returns the split held in memory, as indices (see `in_memory`)."""
+    return self.in_memory(training, input_context)
 
   def decode(self, features: tf.Tensor) -> tf.Tensor:
     """Turns a TFRecord file's feature into the task's input; unchanged by

@@ -90,9 +90,6 @@ class ImdbSentiment(classification.DatasetClassificationTask):
     logits = tf_keras.layers.Dense(2, name="logits")(pooled)
     return tf_keras.Model(ids, logits, name="imdb_transformer")
 
-  def build_inputs(self, training, input_context=None) -> tf.data.Dataset:
-    return self.in_memory(training, input_context)
-
   def preprocess_batch(self, batch, training, seed):
     del seed
     texts, labels = self.gather(batch, training)

@@ -31,9 +31,6 @@ class MnistClassification(classification.ImageClassificationTask):
         tf_keras.layers.Dense(10, name="logits"),
     ], name="mnist_cnn")
 
-  def build_inputs(self, training, input_context=None) -> tf.data.Dataset:
-    return self.in_memory(training, input_context)
-
   def preprocess_batch(self, batch, training, seed):
     del seed
     images, labels = self.gather(batch, training)

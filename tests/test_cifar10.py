@@ -11,6 +11,7 @@ from tasks import fake_data
 from tasks import image_inputs
 from trainer import cli
 from trainer import experiment
+from trainer import inputs as inputs_lib
 
 import helpers
 
@@ -51,7 +52,7 @@ def test_training_batches_carry_crops_evaluation_batches_not(tmp_path):
   config = trainer.TrainerConfig(global_batch_size=8, eval_batch_size=8)
   strategy = tf.distribute.get_strategy()
   runtime = trainer.RuntimeConfig()
-  train = iter(experiment.make_input(task, True, strategy, config,
+  train = iter(inputs_lib.for_task(task, True, strategy, config,
                                      runtime).dataset)
   epochs = [next(train) for _ in range(3)]
   for features, labels in epochs:
@@ -61,7 +62,7 @@ def test_training_batches_carry_crops_evaluation_batches_not(tmp_path):
   # Every epoch draws new crops for the same images.
   assert len({features["crops"].numpy().tobytes()
               for features, _ in epochs}) == 3
-  evaluation = next(iter(experiment.make_input(task, False, strategy, config,
+  evaluation = next(iter(inputs_lib.for_task(task, False, strategy, config,
                                                runtime).dataset))
   images, _ = evaluation
   assert images.dtype == tf.uint8 and images.shape == (8, 32, 32, 3)

@@ -52,3 +52,12 @@ def test_lines_are_not_logged_again_to_the_terminal(capsys, caplog,
   assert capsys.readouterr().out == ("warning | input-bound: 30%\n"
                                      "train | step 10/20\n")
   assert not caplog.records
+
+
+def test_error_goes_to_stderr_once_on_a_terminal(capsys, caplog, absl_stream):
+  absl_stream(sys.stderr)
+  with caplog.at_level(logging.ERROR, logger="absl"):
+    console.error("train.py: error: bad")
+  captured = capsys.readouterr()
+  assert captured.err == "train.py: error: bad\n" and captured.out == ""
+  assert caplog.record_tuples == []

@@ -11,6 +11,7 @@ import tf_keras
 import trainer
 from trainer import experiment
 from trainer import exports
+from trainer import ema as ema_lib
 from trainer import optimization
 
 import helpers
@@ -63,7 +64,7 @@ def test_export_at_the_end_serves_the_models_outputs(tmp_path, strategy,
 def test_export_holds_the_averaged_weights_with_ema(tmp_path):
   task = helpers.ConfiguredRegression()
   experiment.run(task, "train", str(tmp_path), trainer.RuntimeConfig(seed=0),
-                 _config(ema=optimization.EmaConfig(decay=0.9)))
+                 _config(ema=ema_lib.EmaConfig(decay=0.9)))
   serve = tf.saved_model.load(
       str(tmp_path / "export" / "20")).signatures["serving_default"]
   features = next(iter(task.build_inputs(False).batch(64)))[0]

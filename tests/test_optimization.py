@@ -7,6 +7,7 @@ import tf_keras
 
 import trainer
 from trainer import experiment
+from trainer import ema as ema_lib
 from trainer import optimization
 
 import helpers
@@ -120,7 +121,7 @@ def test_stepwise_divides_by_ten_or_takes_the_given_rates():
     (lambda: _build(name="adam", options={"nesterov": True}),
      "Model Garden cannot build optimizer 'adam' with {'nesterov': True}: "
      "Unexpected keyword argument passed to optimizer: nesterov."),
-    (lambda: optimization.EmaConfig(decay=1.0),
+    (lambda: ema_lib.EmaConfig(decay=1.0),
      "`ema.decay` (1.0) must be in (0, 1), or None."),
 ])
 def test_bad_settings_are_one_line_errors(make, message):
@@ -142,45 +143,6 @@ def test_adamw_decays_all_but_the_excluded_variables():
   np.testing.assert_allclose(model.layers[0].kernel.numpy(),
                              [[0.95], [1.9]], rtol=1e-6)
   np.testing.assert_allclose(model.layers[0].bias.numpy(), [3.0])
-
-
-def _ema_model():
-  model = tf_keras.Sequential([tf_keras.Input((1,)),
-                               tf_keras.layers.Dense(1, use_bias=False)])
-  model.layers[0].kernel.assign([[1.0]])
-  return model
-
-
-@pytest.mark.parametrize("wrap_in_loss_scale", [False, True])
-def test_ema_averages_the_weights_and_swaps_them_in(wrap_in_loss_scale):
-  strategy = tf.distribute.get_strategy()
-  model = _ema_model()
-  optimizer = optimization.add_ema(
-      _build(name="sgd", learning_rate=1.0), model,
-      optimization.EmaConfig(decay=0.5, dynamic_decay=False))
-  if wrap_in_loss_scale:
-    # Model Garden's own EMA fails here: the loss-scale optimizer passes
-    # `experimental_aggregate_gradients`, which it does not take.
-    optimizer = tf_keras.mixed_precision.LossScaleOptimizer(
-        optimizer, dynamic=False, initial_scale=1.0)
-  kernel = model.layers[0].kernel
-  average = 0.0  # Model Garden's averages start at zero.
-  for _ in range(3):
-    optimizer.apply_gradients([(tf.constant([[0.25]]), kernel)])
-    average = 0.5 * average + 0.5 * float(kernel.numpy()[0, 0])
-  assert float(kernel.numpy()[0, 0]) == pytest.approx(0.25)
-  with optimization.averaged_weights(optimizer, strategy) as averaged:
-    assert averaged
-    assert float(kernel.numpy()[0, 0]) == pytest.approx(average)
-  assert float(kernel.numpy()[0, 0]) == pytest.approx(0.25)
-  assert optimization.find_ema(optimizer) is not None
-
-
-def test_ema_needs_a_legacy_optimizer():
-  with pytest.raises(trainer.ConfigError, match="needs a `tf_keras.optimizers"
-                     r".legacy` optimizer .* the task's is Adam\.$"):
-    optimization.add_ema(tf_keras.optimizers.Adam(), _ema_model(),
-                         optimization.EmaConfig(decay=0.9))
 
 
 def test_learning_rate_is_written_every_loop_and_follows_the_schedule(

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import helpers
 
 TIMEOUT = 240
@@ -117,3 +119,32 @@ def test_each_worker_reads_its_own_shard():
   # odd, and both workers took steps.
   parities = {tuple(x % 2 for x in batch) for batch in batches}
   assert parities == {(0, 0), (1, 1)}
+
+
+def _tf_config(monkeypatch, task_type):
+  monkeypatch.setenv("TF_CONFIG", json.dumps({
+      "cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"],
+                  "ps": ["127.0.0.1:3"]},
+      "task": {"type": task_type, "index": 0}}))
+
+
+def test_each_role_runs_its_own_mode(monkeypatch):
+  from trainer import errors
+  from trainer import parameter_server
+  from trainer import runtime as runtime_lib
+  import trainer
+
+  runtime = runtime_lib.RuntimeConfig(distribution_strategy="parameter_server")
+  config = trainer.TrainerConfig()
+  _tf_config(monkeypatch, "evaluator")
+  assert parameter_server.role_runtime(
+      runtime, "continuous_eval", config).distribution_strategy == "default"
+  with pytest.raises(errors.ConfigError, match="^the evaluator task runs "):
+    parameter_server.role_runtime(runtime, "train", config)
+  _tf_config(monkeypatch, "chief")
+  assert parameter_server.role_runtime(runtime, "train", config) is runtime
+  with pytest.raises(errors.ConfigError, match="the chief runs --mode=train"):
+    parameter_server.role_runtime(runtime, "train_and_eval", config)
+  with pytest.raises(errors.ConfigError, match="'rollback'` is not supported"):
+    parameter_server.role_runtime(
+        runtime, "train", trainer.TrainerConfig(on_nonfinite="rollback"))

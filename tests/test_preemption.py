@@ -78,5 +78,5 @@ def test_watcher_records_a_signal_and_restores_handlers():
     assert not watcher.received
     os.kill(os.getpid(), signal.SIGTERM)
     assert watcher.received
-    assert watcher.agreed(None, num_workers=1)
+    assert watcher.agreed(None)
   assert signal.getsignal(signal.SIGTERM) is before

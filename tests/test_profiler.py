@@ -3,6 +3,8 @@
 import glob
 import os
 
+import pytest
+
 import trainer
 from trainer import experiment
 from trainer import profiler
@@ -37,6 +39,11 @@ def test_the_trace_covers_the_window(tmp_path, capsys):
 
 
 def test_check_steps():
-  assert profiler.check_steps(None) is None
-  assert profiler.check_steps((0, 1)) is None
-  assert "must be (start, end)" in profiler.check_steps((1, 1))
+  profiler.check_steps(None)
+  profiler.check_steps((0, 1))
+  for steps in ((1, 1), [5], (0, True), "0,1"):
+    with pytest.raises(trainer.ConfigError) as raised:
+      profiler.check_steps(steps)
+    assert str(raised.value) == (
+        f"`trainer.profile_steps` ({steps!r}) must be (start, end) with "
+        "0 <= start < end.")

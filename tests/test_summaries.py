@@ -42,3 +42,80 @@ def test_operative_config_file_and_text_summary(tmp_path):
   with open(path) as f:
     assert "probe.value = 42" in f.read()
   assert "operative_config" in helpers.read_tags(str(tmp_path / "train"))
+
+
+class _Clock:
+  """Seconds that advance only when told."""
+
+  def __init__(self):
+    self.now = 0.0
+
+  def __call__(self) -> float:
+    return self.now
+
+
+def _reporter(tmp_path, clock, **overrides):
+  settings = dict(train_steps=40, global_batch_size=8, summary_interval=20)
+  settings.update(overrides)
+  writer = tf.summary.create_file_writer(str(tmp_path))
+  return summaries.TrainReporter(writer, clock=clock, **settings)
+
+
+def test_reporter_progress_line_and_eta_after_the_first_loop(tmp_path,
+                                                              capsys):
+  clock = _Clock()
+  reporter = _reporter(tmp_path, clock)
+  metrics = lambda: {"loss": 0.5, "learning_rate": 0.1}  # noqa: E731
+  for step in (10, 20, 30):
+    clock.now += 2.0
+    reporter.after_loop(step, 10, 1.0, 0.5, None, metrics)
+  lines = capsys.readouterr().out.splitlines()
+  # 10 steps in 1 s of loop time; the ETA counts the clock: 20 steps in 4 s
+  # since the first loop, 10 steps to go.
+  assert lines[0] == ("train | step 10/40 |    10.0 steps/s |       80 "
+                      "examples/s | loss 0.5000 | ETA ?")
+  assert lines[1].endswith("ETA 4s") and lines[2].endswith("ETA 2s")
+
+
+def test_reporter_writes_summaries_at_interval_multiples_and_the_end(
+    tmp_path):
+  reads = []
+
+  def metrics():
+    reads.append(len(reads))
+    return {"loss": 0.25, "learning_rate": 0.1, "input_wait_seconds": 0.5}
+
+  reporter = _reporter(tmp_path, _Clock(), train_steps=50)
+  for step in (10, 20, 30, 40, 50):
+    reporter.after_loop(step, 10, 2.0, 0.25, None, metrics)
+  scalars = helpers.read_scalars(str(tmp_path))
+  assert [step for step, _ in scalars["loss"]] == [20, 40, 50]
+  assert len(reads) == 3  # Metrics are read (and reset) only then.
+  # 20 steps in 4 s of loop time; 0.5 s of it waiting for input.
+  assert scalars["steps_per_second"][0] == (20, 5.0)
+  assert scalars["examples_per_second"][0] == (20, 40.0)
+  assert scalars["input_wait_fraction"][0] == (20, 0.125)
+  # The last window is the single loop to step 50.
+  assert scalars["steps_per_second"][-1] == (50, 5.0)
+
+
+def test_reporter_writes_a_changed_learning_rate_between_summaries(tmp_path):
+  reporter = _reporter(tmp_path, _Clock())
+  metrics = lambda: {"loss": 1.0, "learning_rate": 0.25}  # noqa: E731
+  for step, rate in ((10, 0.5), (20, 0.375), (30, 0.25), (40, 0.25)):
+    reporter.after_loop(step, 10, 1.0, 1.0, rate, metrics)
+  scalars = helpers.read_scalars(str(tmp_path))
+  # Step 10: changed; 20 and 40: in the summaries (the rate they read);
+  # 30: the same as the last one written.
+  assert scalars["learning_rate"] == [(10, 0.5), (20, 0.25), (40, 0.25)]
+
+
+def test_reporter_warns_once_when_input_bound(tmp_path, capsys):
+  reporter = _reporter(tmp_path, _Clock(), summary_interval=10)
+  metrics = lambda: {"loss": 1.0, "input_wait_seconds": 0.5}  # noqa: E731
+  reporter.after_loop(10, 10, 1.0, 1.0, None, metrics)
+  reporter.after_loop(20, 10, 1.0, 1.0, None, metrics)
+  out = capsys.readouterr().out
+  assert out.count("warning | input-bound: the steps to 10 waited for the "
+                   "input pipeline 50% of the time") == 1
+  assert out.count("input-bound") == 1

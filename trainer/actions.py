@@ -14,12 +14,13 @@ import glob
 import math
 import os
 import shutil
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from absl import logging
 import gin
 import orbit
 
+from trainer import checks
 from trainer import console
 from trainer import errors
 from trainer import exports
@@ -29,14 +30,6 @@ from trainer import summaries
 BEST_DIRECTORY = "best"
 BEST_RECORD = "best.json"
 EARLY_STOPPING_RECORD = "early_stopping.json"
-
-
-def _check_metric(name: str, metric: Optional[str],
-                  higher_is_better: Optional[bool]) -> None:
-  if metric is not None and not isinstance(higher_is_better, bool):
-    raise errors.ConfigError(
-        f"`{name}.higher_is_better` must be True or False for metric "
-        f"{metric!r}.")
 
 
 def _metric_value(name: str, metric: str, output: Dict[str, Any]) -> float:
@@ -61,7 +54,10 @@ class BestCheckpointConfig:
   higher_is_better: Optional[bool] = None
 
   def __post_init__(self):
-    _check_metric("best_checkpoint", self.metric, self.higher_is_better)
+    checks.require(
+        self.metric is None or isinstance(self.higher_is_better, bool),
+        "`best_checkpoint.higher_is_better` must be True or False for "
+        f"metric {self.metric!r}.")
 
 
 class BestCheckpoint:
@@ -152,14 +148,12 @@ class EarlyStoppingConfig:
   min_delta: float = 0.0
 
   def __post_init__(self):
-    _check_metric("early_stopping", self.metric, self.higher_is_better)
-    if not isinstance(self.patience, int) or self.patience < 1:
-      raise errors.ConfigError(
-          f"`early_stopping.patience` ({self.patience!r}) must be a positive "
-          "integer.")
-    if not isinstance(self.min_delta, (int, float)) or self.min_delta < 0:
-      raise errors.ConfigError(
-          f"`early_stopping.min_delta` ({self.min_delta!r}) must be >= 0.")
+    checks.require(
+        self.metric is None or isinstance(self.higher_is_better, bool),
+        "`early_stopping.higher_is_better` must be True or False for metric "
+        f"{self.metric!r}.")
+    checks.integer("early_stopping.patience", self.patience, minimum=1)
+    checks.at_least("early_stopping.min_delta", self.min_delta, 0)
 
 
 class EarlyStopping:
@@ -272,21 +266,49 @@ class OperativeConfigWriter:
     logging.info("wrote %s", path)
 
 
+# Random ops whose state no checkpoint holds.
+STATEFUL_RANDOM_OPS = frozenset([
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal",
+    "TruncatedNormal", "RandomShuffle", "Multinomial", "RandomGamma",
+    "RandomPoisson", "RandomPoissonV2", "RandomCrop"])
+
+
+def stateful_random_ops(traced) -> List[str]:
+  """Returns `"OpType (node name)"` for each stateful random op in `traced`.
+
+  Ops such as `RandomUniform` (`tf.random.uniform`, tf_keras `Dropout`)
+  keep their state outside any checkpoint, so a resumed run draws other
+  numbers than an uninterrupted one. Stateless ops seeded from the step
+  (`tf.random.stateless_*`) resume exactly.
+
+  Args:
+    traced: A concrete function (`TaskTrainer.traced_loop()`), or None.
+  """
+  if traced is None:
+    return []
+  graph = traced.graph.as_graph_def()
+  nodes = list(graph.node) + [node for function in graph.library.function
+                              for node in function.node_def]
+  return sorted({f"{node.op} ({node.name})" for node in nodes
+                 if node.op in STATEFUL_RANDOM_OPS})
+
+
 class StatefulRandomCheck:
   """Train action: after the first loop, warns about stateful random ops.
 
   Only with `runtime.deterministic`, where the user asked for exactness.
   """
 
-  def __init__(self, find_ops: Callable[[], list], enabled: bool):
-    self._find_ops = find_ops
+  def __init__(self, trace_fn: Callable[[], Any], enabled: bool):
+    """`trace_fn` returns the traced training loop (or None)."""
+    self._trace_fn = trace_fn
     self._done = not enabled
 
   def __call__(self, unused_output) -> None:
     if self._done:
       return
     self._done = True
-    found = self._find_ops()
+    found = stateful_random_ops(self._trace_fn())
     if found:
       console.warning(
           "runtime.deterministic: the train step uses stateful random ops "

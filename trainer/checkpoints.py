@@ -16,6 +16,7 @@ from typing import Callable, List, Optional, Sequence, Set
 from absl import logging
 import tensorflow as tf
 
+from trainer import console
 from trainer import errors
 from trainer import files
 
@@ -211,8 +212,8 @@ def restore(manager: tf.train.CheckpointManager,
       _restore_one(manager.checkpoint, candidate, partial)
       if failures:
         logging.warning("restored %s instead", candidate)
-        print(f"checkpoint | restored {candidate} instead of the damaged "
-              f"{', '.join(failures)}", flush=True)
+        console.info(f"checkpoint | restored {candidate} instead of the "
+                     f"damaged {', '.join(failures)}")
       return candidate
     except Exception as e:  # pylint: disable=broad-except
       mismatch = _mismatch(e)
@@ -223,8 +224,8 @@ def restore(manager: tf.train.CheckpointManager,
       first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
       logging.warning("cannot restore checkpoint %s (%s: %s)", candidate,
                       type(e).__name__, first_line)
-      print(f"checkpoint | cannot restore {candidate} ({type(e).__name__}: "
-            f"{first_line[:200]})", flush=True)
+      console.info(f"checkpoint | cannot restore {candidate} "
+                   f"({type(e).__name__}: {first_line[:200]})")
       failures.append(os.path.basename(candidate))
   raise errors.ConfigError(
       f"no checkpoint in {directory or manager.directory} can be restored "

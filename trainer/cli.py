@@ -18,7 +18,7 @@ import re
 import sys
 import tempfile
 import threading
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import app
 from absl import flags
@@ -27,6 +27,7 @@ import gin
 import tensorflow as tf
 
 from trainer import checkpoints
+from trainer import console
 from trainer import errors
 from trainer import experiment
 from trainer import preemption
@@ -63,7 +64,11 @@ flags.DEFINE_bool("full_traceback", False, "On an error, print the full "
 
 @gin.configurable("experiment")
 def configured_task(task: task_lib.Task = gin.REQUIRED) -> task_lib.Task:
-  """Returns the Task bound as `experiment.task = @SomeTask()`."""
+  """Returns the Task bound as `experiment.task = @SomeTask()`.
+
+  Args:
+    task: The Task instance to run, e.g. `@DigitsClassification()`.
+  """
   if inspect.isclass(task) and issubclass(task, task_lib.Task):
     raise errors.ConfigError(
         f"`experiment.task = @{task.__name__}` passes the class; write "
@@ -237,7 +242,7 @@ def fail(message: str, exit_code: int = USAGE_EXIT_CODE,
   Callable from any thread; a second caller waits for the first's exit.
   """
   _FAILING.acquire()  # pylint: disable=consider-using-with
-  print(f"{program}: error: {message}", file=sys.stderr, flush=True)
+  console.error(f"{program}: error: {message}")
   # TensorFlow's C++ threads may still log while the process winds down (a
   # peer's collective failing, say); the error line stays the last one.
   devnull = os.open(os.devnull, os.O_WRONLY)
@@ -285,7 +290,7 @@ def _one_line_failures():
     # mistake in the task: checkpoints already written stay, and a restart
     # resumes from the newest.
     if full:
-      print(user_errors.full_traceback(e), end="", file=sys.stderr)
+      console.error(user_errors.full_traceback(e).rstrip("\n"))
     failure = (user_errors.describe(e), RUNTIME_ERROR_EXIT_CODE)
   if failure:
     _quiet_teardown()
@@ -306,10 +311,14 @@ def main(model_dir: str, task: task_lib.Task,
   with _one_line_failures():
     results = experiment.run(task, FLAGS.mode, model_dir, runtime, config)
   if results:
-    summary = " | ".join(f"{name} {float(value):.4f}"
-                         for name, value in sorted(results.items()))
-    print(f"final eval | {summary}", flush=True)
+    console.info(f"final eval | {_results_line(results)}")
   return 0
+
+
+def _results_line(results: Dict[str, Any]) -> str:
+  """Evaluation results as `name value | ...`, in name order."""
+  return " | ".join(f"{name} {float(value):.4f}"
+                    for name, value in sorted(results.items()))
 
 
 def dry_run(task: task_lib.Task, runtime: runtime_lib.RuntimeConfig,
@@ -331,14 +340,12 @@ def dry_run(task: task_lib.Task, runtime: runtime_lib.RuntimeConfig,
     with _one_line_failures():
       results = experiment.run(task, "train_and_eval", directory, runtime,
                                trial, restore_dir=restore_dir)
-  print("dry run | resolved configuration:", flush=True)
-  print(gin.operative_config_str().rstrip(), flush=True)
-  summary = " | ".join(f"{name} {float(value):.4f}"
-                       for name, value in sorted(results.items()))
+  console.info("dry run | resolved configuration:\n" +
+               gin.operative_config_str().rstrip())
   origin = (f"from the checkpoint at step {start} in {model_dir}" if start
             else "from scratch")
-  print(f"dry run | ok: one train step ({origin}) and one eval step ran | "
-        f"{summary}", flush=True)
+  console.info(f"dry run | ok: one train step ({origin}) and one eval step "
+               f"ran | {_results_line(results)}")
   return 0
 
 

@@ -16,6 +16,7 @@ from typing import List, Optional, Tuple
 import tensorflow as tf
 from official.common import distribute_utils
 
+from trainer import console
 from trainer import errors
 
 _HOST_PORT = re.compile(r"^[^:,\s]+:\d{1,5}$")
@@ -114,6 +115,17 @@ def task_role() -> Tuple[Optional[str], int]:
   return config["task"]["type"], config["task"]["index"]
 
 
+def num_tasks(task_type: str) -> int:
+  """Returns how many `task_type` tasks TF_CONFIG's cluster has.
+
+  (A `ParameterServerStrategy` keeps its resolver private; TF_CONFIG
+  describes the same cluster.)
+  """
+  spec = tf.distribute.cluster_resolver.TFConfigClusterResolver(
+  ).cluster_spec()
+  return len(spec.as_dict().get(task_type, []))
+
+
 def serve_forever(task_type: str, task_index: int) -> None:
   """Runs this process's `tf.distribute.Server` (a ps or worker) until killed.
 
@@ -123,7 +135,7 @@ def serve_forever(task_type: str, task_index: int) -> None:
   """
   resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
   spec = resolver.cluster_spec()
-  num_workers = len(spec.as_dict().get("worker", []))
+  num_workers = num_tasks("worker")
   config = tf.compat.v1.ConfigProto()
   # Measured here: inter-op threads equal to the core count deadlocked
   # `coordinator.join()`; one per worker plus one does not.
@@ -134,5 +146,5 @@ def serve_forever(task_type: str, task_index: int) -> None:
                                 protocol=resolver.rpc_layer or "grpc",
                                 config=config, start=True)
   address = spec.task_address(task_type, task_index)
-  print(f"server | {task_type} {task_index} serving at {address}", flush=True)
+  console.info(f"server | {task_type} {task_index} serving at {address}")
   server.join()

@@ -14,14 +14,15 @@ from typing import Optional, Tuple
 import gin
 
 from trainer import actions
-from trainer import errors
+from trainer import checks
+from trainer import ema as ema_lib
 from trainer import exports
 from trainer import optimization
 from trainer import profiler
+from trainer import rollback
 from trainer import scaling
 from trainer import warm_start as warm_start_lib
 
-NONFINITE_POLICIES = ("stop", "rollback")
 INPUT_POSITIONS = ("checkpoint", "skip", "restart")
 
 
@@ -121,7 +122,7 @@ class TrainerConfig:
       optimization.OptimizerConfig)
   learning_rate: optimization.ScheduleConfig = _bound(
       optimization.ScheduleConfig)
-  ema: optimization.EmaConfig = _bound(optimization.EmaConfig)
+  ema: ema_lib.EmaConfig = _bound(ema_lib.EmaConfig)
   warm_start: warm_start_lib.WarmStartConfig = _bound(
       warm_start_lib.WarmStartConfig)
   export: exports.ExportConfig = _bound(exports.ExportConfig)
@@ -131,85 +132,59 @@ class TrainerConfig:
       actions.EarlyStoppingConfig)
 
   def __post_init__(self):
-    for field in dataclasses.fields(self):
-      value = getattr(self, field.name)
-      if field.type is int and (not isinstance(value, int) or
-                                isinstance(value, bool)):
-        raise errors.ConfigError(
-            f"`trainer.{field.name}` ({value!r}) must be an integer.")
-      if field.type is bool and not isinstance(value, bool):
-        raise errors.ConfigError(
-            f"`trainer.{field.name}` ({value!r}) must be True or False.")
-    positive = ("train_steps", "steps_per_loop", "global_batch_size",
-                "eval_batch_size", "checkpoint_interval", "summary_interval",
-                "max_to_keep", "gradient_accumulation_steps")
-    for name in positive:
-      if getattr(self, name) < 1:
-        raise errors.ConfigError(
-            f"`trainer.{name}` ({getattr(self, name)}) must be positive.")
-    if self.validation_steps == 0 or self.validation_steps < -1:
-      raise errors.ConfigError(
-          f"`trainer.validation_steps` ({self.validation_steps}) must be "
-          "positive, or -1 for a full pass.")
-    if self.validation_interval < 0:
-      raise errors.ConfigError("`trainer.validation_interval` "
-                               f"({self.validation_interval}) must be >= 0.")
+    checks.field_types("trainer", self)
+    self._check_loop()
+    self._check_recovery()
+    checks.require(
+        not self.export.best or self.best_checkpoint.metric is not None,
+        "`export.best` needs `best_checkpoint.metric`: it exports each new "
+        "best checkpoint.")
+
+  def _check_loop(self) -> None:
+    """Checks the step counts, batch sizes and intervals of the loop."""
+    for name in ("train_steps", "steps_per_loop", "global_batch_size",
+                 "eval_batch_size", "checkpoint_interval", "summary_interval",
+                 "max_to_keep", "gradient_accumulation_steps"):
+      checks.positive(f"trainer.{name}", getattr(self, name))
+    checks.require(
+        self.validation_steps > 0 or self.validation_steps == -1,
+        f"`trainer.validation_steps` ({self.validation_steps}) must be "
+        "positive, or -1 for a full pass.")
+    checks.at_least("trainer.validation_interval", self.validation_interval,
+                    0)
     for name in ("summary_interval", "checkpoint_interval",
                  "validation_interval"):
       # Summaries, saves and evaluations happen between loops only.
-      if getattr(self, name) % self.steps_per_loop:
-        raise errors.ConfigError(
-            f"`trainer.{name}` ({getattr(self, name)}) must be a multiple of "
-            f"`trainer.steps_per_loop` ({self.steps_per_loop}).")
+      checks.require(
+          getattr(self, name) % self.steps_per_loop == 0,
+          f"`trainer.{name}` ({getattr(self, name)}) must be a multiple of "
+          f"`trainer.steps_per_loop` ({self.steps_per_loop}).")
     for name in ("gradient_clip_norm", "gradient_clip_value"):
-      value = getattr(self, name)
-      if value is not None and (not isinstance(value, (int, float)) or
-                                isinstance(value, bool) or value <= 0):
-        raise errors.ConfigError(
-            f"`trainer.{name}` ({value!r}) must be a positive number or "
-            "None.")
-    if self.input_position not in INPUT_POSITIONS:
-      raise errors.ConfigError(
-          f"`trainer.input_position` ({self.input_position!r}) must be one "
-          f"of: {', '.join(INPUT_POSITIONS)}.")
-    if self.on_nonfinite not in NONFINITE_POLICIES:
-      raise errors.ConfigError(
-          f"`trainer.on_nonfinite` ({self.on_nonfinite!r}) must be one of: "
-          f"{', '.join(NONFINITE_POLICIES)}.")
-    if self.max_rollbacks < 0:
-      raise errors.ConfigError(
-          f"`trainer.max_rollbacks` ({self.max_rollbacks}) must be >= 0.")
-    if not 1 <= self.preemption_exit_code <= 255:
-      raise errors.ConfigError(
-          f"`trainer.preemption_exit_code` ({self.preemption_exit_code}) "
-          "must be in [1, 255]: 0 tells a scheduler the job finished.")
-    if (not isinstance(self.preemption_grace_seconds, (int, float)) or
-        isinstance(self.preemption_grace_seconds, bool) or
-        not 0 < self.preemption_grace_seconds < float("inf")):
-      raise errors.ConfigError(
-          "`trainer.preemption_grace_seconds` "
-          f"({self.preemption_grace_seconds!r}) must be a positive number of "
-          "seconds, below the scheduler's grace period before SIGKILL.")
-    if self.batch_scaling is not None and (
-        self.batch_scaling not in scaling.RULES):
-      raise errors.ConfigError(
-          f"`trainer.batch_scaling` ({self.batch_scaling!r}) must be None or "
-          f"one of: {', '.join(scaling.RULES)}.")
-    if self.reference_replicas < 1:
-      raise errors.ConfigError(
-          f"`trainer.reference_replicas` ({self.reference_replicas}) must be "
-          "positive.")
-    if (not isinstance(self.continuous_eval_timeout, (int, float)) or
-        self.continuous_eval_timeout <= 0):
-      raise errors.ConfigError(
-          "`trainer.continuous_eval_timeout` "
-          f"({self.continuous_eval_timeout!r}) must be positive.")
-    problem = profiler.check_steps(self.profile_steps)
-    if problem:
-      raise errors.ConfigError(problem)
+      checks.number(f"trainer.{name}", getattr(self, name), above_zero=True,
+                    optional=True)
+    checks.choice("trainer.input_position", self.input_position,
+                  INPUT_POSITIONS)
+    checks.choice("trainer.batch_scaling", self.batch_scaling, scaling.RULES,
+                  optional=True)
+    checks.positive("trainer.reference_replicas", self.reference_replicas)
+    checks.positive("trainer.continuous_eval_timeout",
+                    self.continuous_eval_timeout)
+    profiler.check_steps(self.profile_steps)
     if self.profile_steps is not None:
       object.__setattr__(self, "profile_steps", tuple(self.profile_steps))
-    if self.export.best and self.best_checkpoint.metric is None:
-      raise errors.ConfigError(
-          "`export.best` needs `best_checkpoint.metric`: it exports each new "
-          "best checkpoint.")
+
+  def _check_recovery(self) -> None:
+    """Checks what non-finite losses and preemptions do."""
+    checks.choice("trainer.on_nonfinite", self.on_nonfinite,
+                  rollback.POLICIES)
+    checks.at_least("trainer.max_rollbacks", self.max_rollbacks, 0)
+    checks.require(
+        1 <= self.preemption_exit_code <= 255,
+        f"`trainer.preemption_exit_code` ({self.preemption_exit_code}) must "
+        "be in [1, 255]: 0 tells a scheduler the job finished.")
+    checks.require(
+        checks.is_number(self.preemption_grace_seconds) and
+        0 < self.preemption_grace_seconds < float("inf"),
+        "`trainer.preemption_grace_seconds` "
+        f"({self.preemption_grace_seconds!r}) must be a positive number of "
+        "seconds, below the scheduler's grace period before SIGKILL.")

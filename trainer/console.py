@@ -1,4 +1,5 @@
-"""Progress lines for the person running training, also kept in the log.
+"""The one channel for lines for the person running training, also kept in
+the log.
 
 `train.py` tells what happens one line at a time on stdout
 (`train | step ...`, `best | ...`, `warning | ...`), flushed so that a
@@ -23,6 +24,17 @@ def info(message: str) -> None:
   if not _log_reaches_terminal():
     logging.info(message)
   print(message, flush=True)
+
+
+def error(message: str) -> None:
+  """Prints `message` on stderr and logs it at ERROR.
+
+  For a failed run's last line (and the traceback asked for before it),
+  which a launcher reads on stderr.
+  """
+  if not _log_reaches_terminal():
+    logging.error(message)
+  print(message, file=sys.stderr, flush=True)
 
 
 def warning(message: str) -> None:

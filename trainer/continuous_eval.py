@@ -98,20 +98,11 @@ def run(model_dir: str, evaluate_fn: EvaluateFn, train_steps: int,
   output = {}
   last_seen = clock()
   while True:
-    for step, prefix in pending(model_dir, record.steps):
-      try:
-        step, output = evaluate_fn(prefix)
-      # A checkpoint the trainer deletes while it is read: NotFoundError.
-      except (errors.ConfigError, OSError, tf.errors.NotFoundError) as e:
-        if os.path.exists(prefix + ".index"):
-          logging.warning("cannot evaluate %s: %s", prefix, e)
-          console.info(
-              f"continuous_eval | skipped {prefix}: it cannot be restored")
-        else:
-          console.info(f"continuous_eval | missed {prefix}: deleted before it "
-                       "was evaluated (set trainer.keep_until_evaluated=True "
-                       "in the training run)")
+    for unused_step, prefix in pending(model_dir, record.steps):
+      evaluated = _evaluate(evaluate_fn, prefix)
+      if evaluated is None:
         continue
+      step, output = evaluated
       record.add(step, output)
       last_seen = clock()
       if step >= train_steps:
@@ -132,3 +123,21 @@ def run(model_dir: str, evaluate_fn: EvaluateFn, train_steps: int,
           f"evaluated step is {last}, not `trainer.train_steps` "
           f"({train_steps}): is the trainer running?")
     sleep(poll_seconds)
+
+
+def _evaluate(evaluate_fn: EvaluateFn, prefix: str):
+  """Returns `evaluate_fn(prefix)`, or None for a checkpoint that cannot be
+  restored or was deleted (said in one line)."""
+  try:
+    return evaluate_fn(prefix)
+  # A checkpoint the trainer deletes while it is read: NotFoundError.
+  except (errors.ConfigError, OSError, tf.errors.NotFoundError) as e:
+    if os.path.exists(prefix + ".index"):
+      logging.warning("cannot evaluate %s: %s", prefix, e)
+      console.info(
+          f"continuous_eval | skipped {prefix}: it cannot be restored")
+    else:
+      console.info(f"continuous_eval | missed {prefix}: deleted before it "
+                   "was evaluated (set trainer.keep_until_evaluated=True "
+                   "in the training run)")
+    return None

@@ -37,6 +37,13 @@ class StepOptions:
   clip_value: Optional[float] = None
   gradient_fn: Optional[GradientFn] = None
 
+  @classmethod
+  def from_config(cls, config) -> "StepOptions":
+    """Returns the options a `trainer.TrainerConfig` sets."""
+    return cls(accumulation_steps=config.gradient_accumulation_steps,
+               clip_norm=config.gradient_clip_norm,
+               clip_value=config.gradient_clip_value)
+
 
 def micro_batch(inputs, index, num_micro_batches: int):
   """Returns micro-batch `index` of `num_micro_batches` equal parts."""

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from trainer import cluster
 from trainer import errors
+from trainer import task as task_lib
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 # (a batch, a stateless seed of shape [2]) -> the transformed batch.
@@ -279,3 +280,41 @@ def is_checkpointable(dataset: tf.data.Dataset) -> bool:
         "skips the batches already trained on instead, which takes longer.",
         e.message.split("[Op:")[0].split("}}")[-1].strip())
     return False
+
+
+def for_task(task: task_lib.Task, training: bool,
+             strategy: tf.distribute.Strategy, config, runtime,
+             worker: cluster.WorkerInfo = cluster.WorkerInfo()
+             ) -> DistributedInput:
+  """Builds this worker's training or evaluation input for `task`.
+
+  Training input pipelines each read their own shard; every worker
+  evaluates the whole eval split (the same number of steps everywhere, so no
+  collective waits on a worker with fewer batches, and the metrics, summed
+  over all replicas, keep their ratios).
+
+  Args:
+    task: Supplies `build_inputs` and `preprocess_batch`.
+    training: Which split.
+    strategy: Where the batches go.
+    config: A `trainer.TrainerConfig` (the batch sizes).
+    runtime: A `trainer.RuntimeConfig` (the pipeline's threads).
+    worker: This process's place among the workers.
+  """
+
+  def preprocess(batch, seed):
+    return task.preprocess_batch(batch, training, seed)
+
+  return DistributedInput(
+      strategy, lambda ctx: task.build_inputs(training, ctx),
+      config.global_batch_size if training else config.eval_batch_size,
+      training=training,
+      batch_size_name=("trainer.global_batch_size" if training else
+                       "trainer.eval_batch_size"),
+      worker=worker, shard=training,
+      private_threads=runtime.dataset_num_private_threads if training else 0,
+      # Only an override costs a pipeline stage.
+      batch_fn=(preprocess if task_lib.overrides(task, "preprocess_batch")
+                else None),
+      batch_fn_parallel_calls=runtime.dataset_batch_parallel_calls,
+      deterministic=runtime.dataset_deterministic)

@@ -1,11 +1,11 @@
-"""Optimizers, learning-rate schedules and weight averaging, from gin.
+"""Optimizers and learning-rate schedules, from gin.
 
-Three small configurables, flat on purpose (one gin line per setting):
-`optimizer.*` (which optimizer), `learning_rate.*` (the schedule and its
-warm-up) and `ema.*` (an exponential moving average of the weights). They are
+Two small configurables, flat on purpose (one gin line per setting):
+`optimizer.*` (which optimizer) and `learning_rate.*` (the schedule and its
+warm-up); `ema.*`, the average of the weights, is `trainer.ema`. They are
 translated into Model Garden's `OptimizationConfig` and built by its
 `OptimizerFactory` (`official.modeling.optimization`), so the optimizers,
-schedules, warm-up and EMA are Model Garden's own. The factory builds
+schedules and warm-up are Model Garden's own. The factory builds
 `tf_keras.optimizers.legacy` optimizers, its default and the only kind its EMA
 wraps.
 
@@ -14,7 +14,6 @@ clips the gradients it has summed over replicas and micro-batches (see
 `trainer.gradients`), and reports the norm before clipping.
 """
 
-import contextlib
 import dataclasses
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
@@ -25,6 +24,7 @@ from official.modeling.optimization import ema_optimizer
 from official.modeling.optimization import optimizer_factory
 from official.modeling.optimization.configs import optimization_config
 
+from trainer import checks
 from trainer import errors
 
 # Optimizer name -> the settings of `OptimizerConfig` it takes.
@@ -44,11 +44,6 @@ SCHEDULES = ("constant", "stepwise", "cosine", "linear", "polynomial",
              "exponential")
 # Model Garden's names for what `OptimizerConfig` calls otherwise.
 _MODEL_GARDEN_NAMES = {"weight_decay": "weight_decay_rate"}
-
-
-def _check(condition: bool, message: str) -> None:
-  if not condition:
-    raise errors.ConfigError(message)
 
 
 @gin.configurable("optimizer")
@@ -87,28 +82,23 @@ class OptimizerConfig:
   options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
-    _check(self.name in OPTIMIZERS,
-           f"`optimizer.name` ({self.name!r}) must be one of: "
-           f"{', '.join(OPTIMIZERS)}.")
-    _check(_is_number(self.learning_rate) and self.learning_rate > 0,
-           f"`optimizer.learning_rate` ({self.learning_rate!r}) must be a "
-           "positive number.")
+    checks.choice("optimizer.name", self.name, OPTIMIZERS)
+    checks.number("optimizer.learning_rate", self.learning_rate,
+                  above_zero=True)
     for name in ("momentum", "beta_1", "beta_2", "epsilon", "weight_decay"):
-      value = getattr(self, name)
-      _check(value is None or (_is_number(value) and value >= 0),
-             f"`optimizer.{name}` ({value!r}) must be a number >= 0, or "
-             "None.")
+      checks.number(f"optimizer.{name}", getattr(self, name), minimum=0,
+                    optional=True)
     if self.exclude_from_weight_decay is not None:
       object.__setattr__(self, "exclude_from_weight_decay",
                          tuple(self.exclude_from_weight_decay))
-    _check(isinstance(self.options, Mapping),
-           f"`optimizer.options` ({self.options!r}) must be a dict.")
+    checks.require(isinstance(self.options, Mapping),
+                   f"`optimizer.options` ({self.options!r}) must be a dict.")
     for name in ("momentum", "nesterov", "beta_1", "beta_2", "epsilon",
                  "weight_decay", "exclude_from_weight_decay"):
-      if getattr(self, name) is not None and name not in OPTIMIZERS[self.name]:
-        raise errors.ConfigError(
-            f"`optimizer.{name}` does not apply to {self.name!r}, which "
-            f"takes: {', '.join(OPTIMIZERS[self.name])}.")
+      checks.require(
+          getattr(self, name) is None or name in OPTIMIZERS[self.name],
+          f"`optimizer.{name}` does not apply to {self.name!r}, which "
+          f"takes: {', '.join(OPTIMIZERS[self.name])}.")
 
 
 @gin.configurable("learning_rate")
@@ -150,85 +140,36 @@ class ScheduleConfig:
   reference_batch_size: Optional[int] = None
 
   def __post_init__(self):
-    _check(self.schedule in SCHEDULES,
-           f"`learning_rate.schedule` ({self.schedule!r}) must be one of: "
-           f"{', '.join(SCHEDULES)}.")
+    checks.choice("learning_rate.schedule", self.schedule, SCHEDULES)
     object.__setattr__(self, "boundaries", tuple(self.boundaries))
     object.__setattr__(self, "values", tuple(self.values))
-    _check(_is_int(self.warmup_steps) and self.warmup_steps >= 0,
-           f"`learning_rate.warmup_steps` ({self.warmup_steps!r}) must be an "
-           "integer >= 0.")
-    _check(self.decay_steps is None or (_is_int(self.decay_steps) and
-                                        self.decay_steps > 0),
-           f"`learning_rate.decay_steps` ({self.decay_steps!r}) must be a "
-           "positive integer or None.")
-    _check(self.reference_batch_size is None or (
-        _is_int(self.reference_batch_size) and self.reference_batch_size > 0),
-           "`learning_rate.reference_batch_size` "
-           f"({self.reference_batch_size!r}) must be a positive integer or "
-           "None.")
+    checks.integer("learning_rate.warmup_steps", self.warmup_steps,
+                   minimum=0)
+    checks.integer("learning_rate.decay_steps", self.decay_steps, minimum=1,
+                   optional=True)
+    checks.integer("learning_rate.reference_batch_size",
+                   self.reference_batch_size, minimum=1, optional=True)
     if self.schedule == "stepwise":
-      _check(bool(self.boundaries) and all(
-          _is_int(b) and b > 0 for b in self.boundaries) and list(
-              self.boundaries) == sorted(set(self.boundaries)),
-             f"`learning_rate.boundaries` ({list(self.boundaries)}) must be "
-             "increasing positive steps for 'stepwise'.")
-      _check(not self.values or
-             len(self.values) == len(self.boundaries) + 1,
-             f"`learning_rate.values` has {len(self.values)} rates; "
-             f"'stepwise' with {len(self.boundaries)} boundaries needs "
-             f"{len(self.boundaries) + 1}.")
+      checks.require(
+          bool(self.boundaries) and all(
+              checks.is_int(b) and b > 0 for b in self.boundaries) and
+          list(self.boundaries) == sorted(set(self.boundaries)),
+          f"`learning_rate.boundaries` ({list(self.boundaries)}) must be "
+          "increasing positive steps for 'stepwise'.")
+      checks.require(
+          not self.values or len(self.values) == len(self.boundaries) + 1,
+          f"`learning_rate.values` has {len(self.values)} rates; "
+          f"'stepwise' with {len(self.boundaries)} boundaries needs "
+          f"{len(self.boundaries) + 1}.")
     else:
-      _check(not self.boundaries and not self.values,
-             "`learning_rate.boundaries` and `values` apply to 'stepwise' "
-             f"only, not {self.schedule!r}.")
+      checks.require(not self.boundaries and not self.values,
+                     "`learning_rate.boundaries` and `values` apply to "
+                     f"'stepwise' only, not {self.schedule!r}.")
     if self.schedule == "exponential":
-      _check(_is_number(self.decay_rate) and 0 < self.decay_rate <= 1,
-             f"`learning_rate.decay_rate` ({self.decay_rate!r}) must be in "
-             "(0, 1].")
-
-
-@gin.configurable("ema")
-@dataclasses.dataclass(frozen=True)
-class EmaConfig:
-  """An exponential moving average of the weights, bound as `ema.<name>`.
-
-  When `decay` is set, evaluations, the best checkpoint and SavedModel
-  exports use the averaged weights; checkpoints hold both.
-
-  Attributes:
-    decay: The averaging decay (e.g. 0.999); None turns EMA off.
-    start_step: Averaging starts at this step (the average follows the
-      weights before it).
-    dynamic_decay: Ramp the decay up as `min(decay, (1 + t) / (10 + t))`,
-      `t` the steps since `start_step` (as `tf.train.ExponentialMovingAverage`
-      with `num_updates`).
-    trainable_weights_only: Average only trainable weights; False averages
-      every weight (batch-norm statistics too).
-  """
-  decay: Optional[float] = None
-  start_step: int = 0
-  dynamic_decay: bool = True
-  trainable_weights_only: bool = True
-
-  def __post_init__(self):
-    _check(self.decay is None or (_is_number(self.decay) and
-                                  0 < self.decay < 1),
-           f"`ema.decay` ({self.decay!r}) must be in (0, 1), or None.")
-    _check(_is_int(self.start_step) and self.start_step >= 0,
-           f"`ema.start_step` ({self.start_step!r}) must be an integer >= 0.")
-
-  @property
-  def enabled(self) -> bool:
-    return self.decay is not None
-
-
-def _is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
+      checks.require(
+          checks.is_number(self.decay_rate) and 0 < self.decay_rate <= 1,
+          f"`learning_rate.decay_rate` ({self.decay_rate!r}) must be in "
+          "(0, 1].")
 
 
 def learning_rate_factor(schedule: ScheduleConfig,
@@ -265,9 +206,10 @@ def optimization_params(optimizer: OptimizerConfig, schedule: ScheduleConfig,
   warmup = schedule.warmup_steps
   decay_steps = schedule.decay_steps or train_steps - warmup
   if schedule.schedule not in ("constant", "stepwise"):
-    _check(decay_steps > 0,
-           f"`learning_rate.warmup_steps` ({warmup}) leaves no step to decay "
-           f"in `trainer.train_steps` ({train_steps}).")
+    checks.require(
+        decay_steps > 0,
+        f"`learning_rate.warmup_steps` ({warmup}) leaves no step to decay "
+        f"in `trainer.train_steps` ({train_steps}).")
   end = schedule.end_learning_rate
   rate = {
       "constant": lambda: {"learning_rate": peak},
@@ -346,49 +288,7 @@ class Settings:
     return build_optimizer(self.optimizer, self.schedule, self.train_steps)
 
 
-class ExponentialMovingAverage(ema_optimizer.ExponentialMovingAverage):
-  """Model Garden's EMA optimizer, passing on how gradients are aggregated.
-
-  Model Garden's `apply_gradients` drops `experimental_aggregate_gradients`:
-  gradients the training step already summed over replicas would be summed
-  again, and a `LossScaleOptimizer` around it (float16), which always
-  passes the argument, fails with a TypeError.
-  """
-
-  def apply_gradients(self, grads_and_vars, name: Optional[str] = None,
-                      experimental_aggregate_gradients: bool = True):
-    result = self._optimizer.apply_gradients(
-        grads_and_vars, name,
-        experimental_aggregate_gradients=experimental_aggregate_gradients)
-    ema_optimizer.maybe_merge_call(self.update_average,
-                                   tf.distribute.get_strategy())
-    return result
-
-
-def add_ema(optimizer: tf_keras.optimizers.Optimizer, model: tf_keras.Model,
-            config: EmaConfig) -> tf_keras.optimizers.Optimizer:
-  """Wraps `optimizer` to average `model`'s weights; call in the scope.
-
-  Raises:
-    errors.ConfigError: If `optimizer` is not a legacy tf_keras optimizer,
-      the only kind Model Garden's EMA wraps.
-  """
-  if not config.enabled:
-    return optimizer
-  if not isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer):
-    raise errors.ConfigError(
-        "`ema.decay` needs a `tf_keras.optimizers.legacy` optimizer (Model "
-        f"Garden's EMA wraps no other); the task's is "
-        f"{type(optimizer).__name__}.")
-  ema = ExponentialMovingAverage(
-      optimizer, trainable_weights_only=config.trainable_weights_only,
-      average_decay=config.decay, start_step=config.start_step,
-      dynamic_decay=config.dynamic_decay)
-  ema.shadow_copy(model)
-  return ema
-
-
-def _wrappers(optimizer: Optional[tf_keras.optimizers.Optimizer]
+def wrappers(optimizer: Optional[tf_keras.optimizers.Optimizer]
               ) -> Iterator[tf_keras.optimizers.Optimizer]:
   """Yields `optimizer`, then each optimizer it wraps, outermost first: a
   loss-scale optimizer's `inner_optimizer`, an EMA's averaged optimizer."""
@@ -401,47 +301,10 @@ def _wrappers(optimizer: Optional[tf_keras.optimizers.Optimizer]
     optimizer = inner
 
 
-def find_ema(optimizer: Optional[tf_keras.optimizers.Optimizer]
-             ) -> Optional[ExponentialMovingAverage]:
-  """Returns the EMA optimizer inside `optimizer` (or itself), or None."""
-  return next((wrapper for wrapper in _wrappers(optimizer) if isinstance(
-      wrapper, ema_optimizer.ExponentialMovingAverage)), None)
-
-
-@contextlib.contextmanager
-def averaged_weights(optimizer: Optional[tf_keras.optimizers.Optimizer],
-                     strategy: tf.distribute.Strategy) -> Iterator[bool]:
-  """Puts the EMA weights into the model for the `with` block, if any.
-
-  Yields:
-    Whether the model holds averaged weights inside the block.
-  """
-  ema = find_ema(optimizer)
-  if ema is None:
-    yield False
-    return
-  _swap(ema, strategy)
-  try:
-    yield True
-  finally:
-    _swap(ema, strategy)
-
-
-def _swap(ema: ExponentialMovingAverage,
-          strategy: tf.distribute.Strategy) -> None:
-  with strategy.scope():
-    if tf.distribute.in_cross_replica_context():
-      ema.swap_weights()
-    else:
-      # TensorFlow's default strategy has no cross-replica context, which
-      # Model Garden's `swap_weights` demands; the swap it runs works there.
-      ema._swap_weights()  # pylint: disable=protected-access
-
-
 def unwrap(optimizer: tf_keras.optimizers.Optimizer
            ) -> tf_keras.optimizers.Optimizer:
   """Returns the optimizer that owns the learning rate, inside any wrapper."""
-  *_, innermost = _wrappers(optimizer)
+  *_, innermost = wrappers(optimizer)
   return innermost
 
 
@@ -477,7 +340,7 @@ def create_slots(optimizer: tf_keras.optimizers.Optimizer,
                  variables: List[tf.Variable]) -> None:
   """Creates the optimizer's slots for `variables` now, in the scope, rather
   than at the first `apply_gradients`."""
-  inner = next(wrapper for wrapper in _wrappers(optimizer) if not isinstance(
+  inner = next(wrapper for wrapper in wrappers(optimizer) if not isinstance(
       wrapper, tf_keras.mixed_precision.LossScaleOptimizer))
   if isinstance(inner, tf_keras.optimizers.legacy.Optimizer):
     inner._create_all_weights(variables)  # pylint: disable=protected-access

@@ -89,7 +89,16 @@ class PreemptionWatcher:
   must exit without one.
   """
 
-  def __init__(self):
+  def __init__(self, exit_code: int = DEFAULT_EXIT_CODE,
+               num_workers: int = 1):
+    """Creates a watcher.
+
+    Args:
+      exit_code: What `errors.Preempted` carries after the save.
+      num_workers: Workers that must agree on stopping (`agreed`).
+    """
+    self.exit_code = exit_code
+    self.num_workers = num_workers
     self._received: Optional[int] = None
     self._previous = {}
     self._armed = 0
@@ -158,14 +167,13 @@ class PreemptionWatcher:
     """Whether this process got a signal."""
     return self._received is not None
 
-  def agreed(self, strategy: tf.distribute.Strategy,
-             num_workers: int) -> bool:
+  def agreed(self, strategy: tf.distribute.Strategy) -> bool:
     """Whether any worker got a signal; every worker must call it each loop.
 
     With several workers, one all-reduce makes them all stop after the same
     loop, so they save the same step together.
     """
-    if num_workers == 1:
+    if self.num_workers == 1:
       return self.received
     flag = tf.constant(1.0 if self.received else 0.0)
     # ReduceOp has no MAX: a sum above zero means some worker got one.

@@ -13,6 +13,9 @@ from typing import Optional, Tuple
 from absl import logging
 import tensorflow as tf
 
+from trainer import checks
+from trainer import console
+
 
 class ProfileWindow:
   """Starts and stops the profiler around a window of steps."""
@@ -56,19 +59,22 @@ class ProfileWindow:
     try:
       tf.profiler.experimental.stop()
       self.traced = True
-      print(f"profile | steps {self.start} to {min(step, self.end)} traced "
-            f"into {self._logdir}", flush=True)
+      console.info(f"profile | steps {self.start} to {min(step, self.end)} "
+                   f"traced into {self._logdir}")
     except Exception as e:  # pylint: disable=broad-except
       logging.warning("the profiler did not stop cleanly: %s", e)
 
 
-def check_steps(steps: Optional[Tuple[int, int]]) -> Optional[str]:
-  """Returns what is wrong with a `trainer.profile_steps` value, or None."""
-  if steps is None:
-    return None
-  if (not isinstance(steps, (tuple, list)) or len(steps) != 2 or
-      not all(isinstance(s, int) and not isinstance(s, bool) for s in steps)
-      or not 0 <= steps[0] < steps[1]):
-    return (f"`trainer.profile_steps` ({steps!r}) must be (start, end) with "
-            "0 <= start < end.")
-  return None
+def check_steps(steps: Optional[Tuple[int, int]]) -> None:
+  """Checks a `trainer.profile_steps` value: None, or `(start, end)`.
+
+  Raises:
+    errors.ConfigError: Unless it is None or two integers with
+      0 <= start < end.
+  """
+  checks.require(
+      steps is None or (
+          isinstance(steps, (tuple, list)) and len(steps) == 2 and
+          all(checks.is_int(s) for s in steps) and 0 <= steps[0] < steps[1]),
+      f"`trainer.profile_steps` ({steps!r}) must be (start, end) with "
+      "0 <= start < end.")

@@ -1,13 +1,15 @@
-"""Orbit runners built from a `Task`: the inner train and eval loops.
+"""`TaskTrainer`: the Orbit trainer built from a `Task`, the inner train loop.
 
-`TaskTrainer` and `TaskEvaluator` own `strategy.run`, the reduction across
-replicas and the global step; the Task owns the per-replica maths.
+It owns `strategy.run`, the reduction across replicas, the global step and
+what a loop reports to the controller; the Task owns the per-replica maths.
+The evaluator is `trainer.evaluator.TaskEvaluator`; the parameter-server
+trainer, which schedules steps on workers, `trainer.parameter_server`.
 """
 
 import contextlib
 import dataclasses
 import math
-from typing import Callable, ContextManager, Dict, List, Optional
+from typing import ContextManager, Dict, List, Optional
 
 import orbit
 import tensorflow as tf
@@ -21,13 +23,6 @@ from trainer import gradients
 from trainer import inputs as inputs_lib
 from trainer import optimization
 from trainer import task as task_lib
-
-
-# Random ops whose state no checkpoint holds.
-STATEFUL_RANDOM_OPS = frozenset([
-    "RandomUniform", "RandomUniformInt", "RandomStandardNormal",
-    "TruncatedNormal", "RandomShuffle", "Multinomial", "RandomGamma",
-    "RandomPoisson", "RandomPoissonV2", "RandomCrop"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,11 +39,6 @@ class LoopStatus:
   loss: float
   nonfinite_step: int
   learning_rate: Optional[float]
-
-
-def _metric_results(
-    metrics: List[tf_keras.metrics.Metric]) -> Dict[str, tf.Tensor]:
-  return {metric.name: metric.result() for metric in metrics}
 
 
 class TaskTrainer(orbit.StandardTrainer):
@@ -68,9 +58,7 @@ class TaskTrainer(orbit.StandardTrainer):
                train_input: inputs_lib.DistributedInput,
                global_step: tf.Variable, *, run_eagerly: bool = False,
                enable_xla: bool = False,
-               step_options: Optional[gradients.StepOptions] = None,
-               coordinator: Optional[
-                   tf.distribute.coordinator.ClusterCoordinator] = None):
+               step_options: Optional[gradients.StepOptions] = None):
     """Builds the trainer.
 
     Args:
@@ -84,8 +72,6 @@ class TaskTrainer(orbit.StandardTrainer):
       enable_xla: Compile the per-replica step with XLA.
       step_options: Micro-batches and clipping for the default
         `Task.train_step`.
-      coordinator: With a `ParameterServerStrategy`, schedules each step on
-        a worker; the input then comes from a per-worker dataset.
 
     Raises:
       errors.ConfigError: If the task overrides `train_step` but the
@@ -100,14 +86,16 @@ class TaskTrainer(orbit.StandardTrainer):
     with strategy.scope():
       self.metrics = task.build_metrics(training=True)
     self._run_eagerly = run_eagerly
-    self._coordinator = coordinator
+    self._create_loop_variables()
+    self._configure_step(step_options or gradients.StepOptions(), enable_xla)
+    super().__init__(self._train_dataset())
+
+  def _create_loop_variables(self) -> None:
+    """Creates what the loop adds to and reports through."""
     # Per-step sums over the summary window, in one variable so a step adds
     # to it with one op: loss, steps, gradient norm, steps with a finite
-    # norm, seconds waited for input. Steps add already-reduced values in
-    # cross-replica context, so it lives outside the strategy scope, except
-    # with parameter servers, whose workers only reach variables there.
-    with (strategy.scope() if coordinator is not None else
-          contextlib.nullcontext()):
+    # norm, seconds waited for input.
+    with self._host_scope():
       self._window = tf.Variable(tf.zeros([5], tf.float64), trainable=False,
                                  name="window_sums")
     # Set when the step is first traced: whether it returns a gradient
@@ -123,24 +111,48 @@ class TaskTrainer(orbit.StandardTrainer):
     # measured, so it is computed in the compiled loop).
     self._status = tf.Variable([0.0, -1.0, float("nan")], dtype=tf.float64,
                                trainable=False, name="loop_status")
-    self._scheduled = isinstance(
-        optimization.get_learning_rate(optimizer),
-        tf_keras.optimizers.schedules.LearningRateSchedule)
     # Batches thrown away (after a non-finite loss); checkpointed, so the
     # input can be skipped to `global_step + discarded_batches` on resume.
     self.discarded_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
                                          name="discarded_batches")
+    self._scheduled = isinstance(
+        optimization.get_learning_rate(self.optimizer),
+        tf_keras.optimizers.schedules.LearningRateSchedule)
+
+  def _host_scope(self) -> ContextManager:
+    """Where variables live that steps add to in cross-replica context:
+    outside the strategy scope (they hold already-reduced values)."""
+    return contextlib.nullcontext()
+
+  def _train_dataset(self):
+    """Returns what Orbit iterates, and sets `train_iterator`.
+
+    The plain iterator (not a distributed one) can be checkpointed; Orbit
+    calls `iter()` on what it is given, which returns the iterator itself.
+    """
+    with tf.device("/cpu:0"):
+      self.train_iterator = iter(self._input.dataset)
+    return self.train_iterator
+
+  def _configure_step(self, options: gradients.StepOptions,
+                      enable_xla: bool) -> None:
+    """Sets the per-replica step and what it passes to `Task.train_step`.
+
+    Raises:
+      errors.ConfigError: If micro-batches do not divide the per-replica
+        batch, or the task overrides `train_step` but the settings need the
+        default one.
+    """
     self._replica_step = self._task_train_step
-    options = step_options or gradients.StepOptions()
-    if enable_xla and strategy.num_replicas_in_sync == 1:
+    if enable_xla and self.strategy.num_replicas_in_sync == 1:
       self._replica_step = tf.function(self._task_train_step, jit_compile=True)
     elif enable_xla:
       # A whole step cannot be compiled on several replicas: summing the
       # gradients synchronises them. The forward and backward pass can.
       options = dataclasses.replace(
-          options, gradient_fn=tf.function(task.compute_gradients,
+          options, gradient_fn=tf.function(self.task.compute_gradients,
                                            jit_compile=True))
-    per_replica = train_input.per_replica_batch_size
+    per_replica = self._input.per_replica_batch_size
     if per_replica % options.accumulation_steps:
       raise errors.ConfigError(
           f"`trainer.global_batch_size` gives {per_replica} example(s) per "
@@ -148,28 +160,14 @@ class TaskTrainer(orbit.StandardTrainer):
           f"steps` ({options.accumulation_steps}) equal micro-batches.")
     # Only the default `train_step` takes `options`; others get nothing.
     self._step_kwargs = {}
-    if not task_lib.overrides(task, "train_step"):
+    if not task_lib.overrides(self.task, "train_step"):
       self._step_kwargs["options"] = options
     elif options != gradients.StepOptions():
       raise errors.ConfigError(
-          f"{type(task).__name__} overrides `Task.train_step`, which then "
-          "does its own gradient handling: `trainer.gradient_accumulation_"
-          "steps`, `trainer.gradient_clip_norm`/`_value` and "
+          f"{type(self.task).__name__} overrides `Task.train_step`, which "
+          "then does its own gradient handling: `trainer.gradient_"
+          "accumulation_steps`, `trainer.gradient_clip_norm`/`_value` and "
           "`runtime.enable_xla` on several replicas need the default step.")
-    if coordinator is not None:
-      # Per-worker iterators cannot be checkpointed; Orbit makes one.
-      self.train_iterator = None
-      # The strategy keeps its resolver private; TF_CONFIG describes it.
-      num_workers = tf.distribute.cluster_resolver.TFConfigClusterResolver(
-      ).cluster_spec().num_tasks("worker")
-      super().__init__(coordinator.create_per_worker_dataset(
-          train_input.per_worker_dataset_fn(num_workers)))
-      return
-    # The plain iterator (not a distributed one) can be checkpointed; Orbit
-    # calls `iter()` on what it is given, which returns the iterator itself.
-    with tf.device("/cpu:0"):
-      self.train_iterator = iter(train_input.dataset)
-    super().__init__(self.train_iterator)
 
   def train(self, num_steps: tf.Tensor):
     """Runs `num_steps` steps; see `orbit.StandardTrainer.train`.
@@ -185,6 +183,24 @@ class TaskTrainer(orbit.StandardTrainer):
       raise errors.ConfigError(
           "the training dataset yields no batch: it is empty, or smaller "
           "than one batch.") from e
+
+  def input_resumption(self, input_position: str, num_workers: int) -> str:
+    """Returns how a restarted run finds its place in the input.
+
+    Args:
+      input_position: `trainer.input_position`.
+      num_workers: Workers reading the input; with several, the chief's
+        checkpoint cannot hold every worker's iterator.
+
+    Returns:
+      "checkpoint" (checkpoint `train_iterator`), "skip" (call
+      `skip_input` with the restored step) or "restart".
+    """
+    if (input_position == "checkpoint" and num_workers == 1 and
+        inputs_lib.is_checkpointable(self._input.dataset)):
+      return "checkpoint"
+    # Some pipelines cannot be saved at all: skip what was consumed instead.
+    return "restart" if input_position == "restart" else "skip"
 
   def skip_input(self, num_batches: int) -> int:
     """Restarts the input after its first `num_batches` batches.
@@ -222,9 +238,6 @@ class TaskTrainer(orbit.StandardTrainer):
     compiled loop keeps one `tf.function` call and one read per loop.
     """
 
-    if self._coordinator is not None:
-      return self._scheduled_loop()
-
     def loop(iterator, num_steps):
       total = tf.constant(0.0)
       done = tf.constant(0.0)
@@ -244,52 +257,18 @@ class TaskTrainer(orbit.StandardTrainer):
     self._compiled_loop = None if self._run_eagerly else tf.function(loop)
     return self._compiled_loop or loop
 
-  def stateful_random_ops(self) -> List[str]:
-    """Returns `"OpType (node name)"` for each stateful random op traced.
-
-    Ops such as `RandomUniform` (`tf.random.uniform`, tf_keras `Dropout`)
-    keep their state outside any checkpoint, so a resumed run draws other
-    numbers than an uninterrupted one. Stateless ops seeded from the step
-    (`tf.random.stateless_*`) resume exactly. Empty before the first loop
-    and when running eagerly.
-    """
+  def traced_loop(self) -> Optional[tf.types.experimental.ConcreteFunction]:
+    """Returns the traced training loop; None before the first loop and when
+    running eagerly."""
     if getattr(self, "_compiled_loop", None) is None:
-      return []
-    concrete = self._compiled_loop.get_concrete_function(
+      return None
+    return self._compiled_loop.get_concrete_function(
         self.train_iterator, tf.TensorSpec([], tf.int32))
-    graph = concrete.graph.as_graph_def()
-    nodes = list(graph.node) + [node for function in graph.library.function
-                                for node in function.node_def]
-    return sorted({f"{node.op} ({node.name})" for node in nodes
-                   if node.op in STATEFUL_RANDOM_OPS})
 
   def discard_batch(self) -> None:
     """Reads the next training batch and throws it away."""
     next(self.train_iterator)
     self.discarded_batches.assign_add(1)
-
-  def _scheduled_loop(self):
-    """Returns a loop that schedules each step on a free worker.
-
-    Steps run asynchronously on the workers; the loop waits for all of them
-    (`join`) so the step count is exact when it returns.
-    """
-    step = tf.function(self.train_step)
-
-    def loop(iterator, num_steps):
-      losses = [self._coordinator.schedule(step, args=(iterator,))
-                for _ in range(int(num_steps))]
-      self._coordinator.join()
-      values = [float(loss.fetch()) for loss in losses]
-      # Steps ran asynchronously: the first scheduled non-finite one counts.
-      bad = [i for i, value in enumerate(values) if not math.isfinite(value)]
-      first = int(self.global_step.numpy()) - len(values) + 1
-      self._status.assign(tf.stack([
-          tf.constant(sum(values) / len(values), tf.float64),
-          tf.constant(first + bad[0] if bad else -1, tf.float64),
-          self._scheduled_rate()]))
-
-    return loop
 
   def _scheduled_rate(self) -> tf.Tensor:
     """The learning rate now if it follows a schedule, else NaN."""
@@ -359,8 +338,7 @@ class TaskTrainer(orbit.StandardTrainer):
     if not names:
       return
     if self._extras is None:
-      with tf.init_scope(), (self.strategy.scope() if self._coordinator
-                             else contextlib.nullcontext()):
+      with tf.init_scope(), self._host_scope():
         self._extras = tf.Variable(tf.zeros([len(names)], tf.float64),
                                    trainable=False, name="window_extras")
       self._extra_names = names
@@ -401,7 +379,7 @@ class TaskTrainer(orbit.StandardTrainer):
       results.update(zip(self._extra_names,
                          self._extras.numpy() / max(steps, 1.0)))
       self._extras.assign(tf.zeros_like(self._extras))
-    results.update(_metric_results(self.metrics))
+    results.update({metric.name: metric.result() for metric in self.metrics})
     for metric in self.metrics:
       metric.reset_state()
     self._window.assign(tf.zeros([5], tf.float64))
@@ -414,105 +392,7 @@ class TaskTrainer(orbit.StandardTrainer):
   def _measures_input_wait(self) -> bool:
     """Whether steps time their wait for input.
 
-    Not on parameter-server workers (no chief variable to add to), and not
-    under op determinism, where TensorFlow refuses `tf.timestamp`. (The
-    public API can enable determinism but not ask for it.)
+    Not under op determinism, where TensorFlow refuses `tf.timestamp`.
+    (The public API can enable determinism but not ask for it.)
     """
-    return self._coordinator is None and (
-        not framework_config.is_op_determinism_enabled())
-
-
-class TaskEvaluator(orbit.StandardEvaluator):
-  """Runs a Task's `validation_step` over the eval split on every replica.
-
-  Results: `loss` (mean per-example loss over every evaluated example), each
-  task metric by name, and whatever `reduce_aggregated_logs` returns.
-  """
-
-  def __init__(self, task: task_lib.Task, model: tf_keras.Model,
-               strategy: tf.distribute.Strategy,
-               eval_input: inputs_lib.DistributedInput,
-               global_step: tf.Variable, *, run_eagerly: bool = False,
-               weights: Callable[[], ContextManager] = contextlib.nullcontext):
-    """Builds the evaluator.
-
-    Args:
-      task: Supplies `validation_step`, the eval metrics and aggregation.
-      model: The model, built in `strategy.scope()`.
-      strategy: Runs the replica steps.
-      eval_input: The eval batches and their split over replicas.
-      global_step: Passed to `reduce_aggregated_logs`.
-      run_eagerly: Run steps without `tf.function`.
-      weights: A context in which the model holds the weights to evaluate
-        (the EMA averages, say); entered around every evaluation.
-    """
-    self.task = task
-    self.model = model
-    self.strategy = strategy
-    self.global_step = global_step
-    self._input = eval_input
-    with strategy.scope():
-      self.metrics = task.build_metrics(training=False)
-      self._loss = tf_keras.metrics.Mean("loss")
-    # Only a task that aggregates outputs pays for returning them.
-    self._aggregates = task_lib.overrides(task, "aggregate_logs")
-    self._requested_steps = -1  # Of the current evaluation; -1: all.
-    self._steps_run = 0
-    self._weights = weights
-    super().__init__(
-        eval_input.dataset,
-        options=orbit.StandardEvaluatorOptions(
-            use_tf_function=not run_eagerly))
-
-  def evaluate(self, num_steps: tf.Tensor):
-    """Evaluates with the model holding the weights to evaluate.
-
-    Raises:
-      errors.ConfigError: If the eval set ended before `num_steps` batches.
-    """
-    self._requested_steps = int(num_steps)
-    with self._weights():
-      return super().evaluate(num_steps)
-
-  def eval_begin(self):
-    self._steps_run = 0
-    for metric in self.metrics + [self._loss]:
-      metric.reset_state()
-    # No state yet: as in Model Garden, the first step's logs reach
-    # `aggregate_logs` with `state=None`.
-    return None
-
-  def _replica_step(self, inputs):
-    logs = dict(self.task.validation_step(inputs, self.model, self.metrics))
-    self._loss.update_state(logs.pop("loss"))
-    return logs
-
-  def eval_step(self, iterator):
-    batch = self._input.split(next(iterator))
-    logs = self.strategy.run(self._replica_step, args=(batch,))
-    if not self._aggregates:
-      return None
-    return tf.nest.map_structure(self.strategy.experimental_local_results,
-                                 logs)
-
-  def eval_reduce(self, state=None, step_outputs=None):
-    self._steps_run += 1  # Called eagerly after every step.
-    if not self._aggregates:
-      return None
-    return self.task.aggregate_logs(state, step_outputs)
-
-  def eval_end(self, aggregated_logs=None) -> Dict[str, float]:
-    if not self._loss.count.numpy():
-      # Losses of 0.0 would be reported, and look like the best ever.
-      raise errors.ConfigError(
-          "the evaluation dataset yielded no example (filtered out "
-          "entirely?); `build_inputs(training=False)` must return some.")
-    # The input ended before the steps asked for (its size was unknown).
-    inputs_lib.check_validation_steps(self._requested_steps, self._steps_run)
-    results = {"loss": self._loss.result()}
-    results.update(_metric_results(self.metrics))
-    if self._aggregates:
-      results.update(self.task.reduce_aggregated_logs(
-          aggregated_logs, global_step=self.global_step))
-    # Python floats print readably in Orbit's eval line.
-    return {name: float(value) for name, value in results.items()}
+    return not framework_config.is_op_determinism_enabled()

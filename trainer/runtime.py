@@ -16,6 +16,7 @@ from official.common import distribute_utils
 from official.modeling import performance
 from official.utils.misc import keras_utils
 
+from trainer import checks
 from trainer import cluster
 from trainer import errors
 
@@ -96,139 +97,115 @@ class RuntimeConfig:
   dataset_deterministic: bool = True
 
   def __post_init__(self):
-    _check_choice("distribution_strategy", self.distribution_strategy,
+    checks.choice("runtime.distribution_strategy", self.distribution_strategy,
                   STRATEGIES)
-    _check_choice("mixed_precision_dtype", self.mixed_precision_dtype,
+    checks.choice("runtime.mixed_precision_dtype", self.mixed_precision_dtype,
                   PRECISIONS)
-    if self.loss_scale != "dynamic" and not (
-        _is_number(self.loss_scale) and self.loss_scale > 0):
-      raise errors.ConfigError(
-          f"`runtime.loss_scale` ({self.loss_scale!r}) must be "
-          "'dynamic' or a positive number.")
-    for name in ("num_packs", "num_gpus", "num_cpu_devices", "task_index",
-                 "per_gpu_thread_count", "dataset_num_private_threads",
-                 "dataset_batch_parallel_calls"):
-      if not _is_int(getattr(self, name)):
-        raise errors.ConfigError(
-            f"`runtime.{name}` ({getattr(self, name)!r}) must be "
-            "an integer.")
-    if self.seed is not None and not _is_int(self.seed):
-      raise errors.ConfigError(f"`runtime.seed` ({self.seed!r}) must be an "
-                               "integer or None.")
-    for name in ("run_eagerly", "enable_xla", "deterministic",
-                 "dataset_deterministic"):
-      if not isinstance(getattr(self, name), bool):
-        raise errors.ConfigError(
-            f"`runtime.{name}` ({getattr(self, name)!r}) must be "
-            "True or False.")
-    if self.deterministic and not self.dataset_deterministic:
-      raise errors.ConfigError(
-          "`runtime.deterministic` needs `runtime.dataset_deterministic`: an "
-          "input order that may change cannot be resumed exactly.")
-    if self.num_packs < 1:
-      raise errors.ConfigError(
-          f"`runtime.num_packs` ({self.num_packs}) must be >= 1.")
-    if self.num_gpus < 0 or self.num_cpu_devices < 0:
-      raise errors.ConfigError(
-          "`runtime.num_gpus` and `runtime.num_cpu_devices` must "
-          "not be negative.")
+    checks.require(
+        self.loss_scale == "dynamic" or (checks.is_number(self.loss_scale) and
+                                         self.loss_scale > 0),
+        f"`runtime.loss_scale` ({self.loss_scale!r}) must be 'dynamic' or a "
+        "positive number.")
+    checks.field_types("runtime", self)
+    checks.require(
+        not self.deterministic or self.dataset_deterministic,
+        "`runtime.deterministic` needs `runtime.dataset_deterministic`: an "
+        "input order that may change cannot be resumed exactly.")
+    checks.at_least("runtime.num_packs", self.num_packs, 1)
+    checks.require(
+        self.num_gpus >= 0 and self.num_cpu_devices >= 0,
+        "`runtime.num_gpus` and `runtime.num_cpu_devices` must not be "
+        "negative.")
     self._check_cluster()
     self._check_threads()
+    self._check_devices()
+
+  def _check_devices(self) -> None:
+    """Checks the strategy against the devices and compilation asked for."""
     if self.all_reduce_alg is not None:
       choices = ALL_REDUCE_ALGS.get(self.distribution_strategy)
-      if choices is None:
-        raise errors.ConfigError(
-            "`runtime.all_reduce_alg` applies to 'mirrored' and "
-            f"'multi_worker_mirrored', not '{self.distribution_strategy}'.")
-      _check_choice("all_reduce_alg", self.all_reduce_alg, choices)
-    if self.num_gpus and self.num_cpu_devices > 1:
-      raise errors.ConfigError(
-          "`runtime.num_gpus` and `runtime.num_cpu_devices` "
-          "cannot both be set: replicas are GPUs or CPUs.")
-    if self.enable_xla and self.distribution_strategy == "parameter_server":
-      # Measured: the compiled step fails on the worker with "Trying to access
-      # resource ... located in device /job:ps" (XLA known issue
-      # tfvariable_on_a_different_device).
-      raise errors.ConfigError(
-          "`runtime.enable_xla` cannot be used with 'parameter_server': XLA "
-          "cannot read variables placed on the parameter servers.")
-    if self.enable_xla and self.distribution_strategy == "tpu":
-      raise errors.ConfigError(
-          "`runtime.enable_xla` is for CPUs and GPUs: TPU steps are always "
-          "compiled with XLA.")
-    if self.distribution_strategy in ("default", "one_device"):
-      if self.num_gpus > 1 or self.num_cpu_devices > 1:
-        raise errors.ConfigError(
-            f"'{self.distribution_strategy}' runs on one device; use "
-            "`runtime.distribution_strategy='mirrored'` for several.")
-
+      checks.require(
+          choices is not None,
+          "`runtime.all_reduce_alg` applies to 'mirrored' and "
+          f"'multi_worker_mirrored', not '{self.distribution_strategy}'.")
+      checks.choice("runtime.all_reduce_alg", self.all_reduce_alg, choices)
+    checks.require(
+        not (self.num_gpus and self.num_cpu_devices > 1),
+        "`runtime.num_gpus` and `runtime.num_cpu_devices` cannot both be set: "
+        "replicas are GPUs or CPUs.")
+    # Measured: the compiled step fails on the worker with "Trying to access
+    # resource ... located in device /job:ps" (XLA known issue
+    # tfvariable_on_a_different_device).
+    checks.require(
+        not (self.enable_xla and
+             self.distribution_strategy == "parameter_server"),
+        "`runtime.enable_xla` cannot be used with 'parameter_server': XLA "
+        "cannot read variables placed on the parameter servers.")
+    checks.require(
+        not (self.enable_xla and self.distribution_strategy == "tpu"),
+        "`runtime.enable_xla` is for CPUs and GPUs: TPU steps are always "
+        "compiled with XLA.")
+    checks.require(
+        self.distribution_strategy not in ("default", "one_device") or (
+            self.num_gpus <= 1 and self.num_cpu_devices <= 1),
+        f"'{self.distribution_strategy}' runs on one device; use "
+        "`runtime.distribution_strategy='mirrored'` for several.")
 
   def _check_cluster(self) -> None:
     """Checks the multi-worker and TPU fields against the strategy."""
     strategy = self.distribution_strategy
     if self.worker_hosts is not None:
-      if strategy != "multi_worker_mirrored":
-        raise errors.ConfigError(
-            "`runtime.worker_hosts` needs `runtime.distribution_strategy="
-            f"'multi_worker_mirrored'`, not '{strategy}'.")
+      checks.require(
+          strategy == "multi_worker_mirrored",
+          "`runtime.worker_hosts` needs `runtime.distribution_strategy="
+          f"'multi_worker_mirrored'`, not '{strategy}'.")
       hosts = cluster.parse_worker_hosts(self.worker_hosts)
       # One host may leave the index unset (-1: the only worker).
       unset_alone = len(hosts) == 1 and self.task_index == -1
-      if not (0 <= self.task_index < len(hosts) or unset_alone):
-        raise errors.ConfigError(
-            f"`runtime.task_index` ({self.task_index}) must be in [0, "
-            f"{len(hosts)}) for {len(hosts)} `runtime.worker_hosts`.")
-    elif self.task_index != -1:
-      raise errors.ConfigError(
+      checks.require(
+          0 <= self.task_index < len(hosts) or unset_alone,
+          f"`runtime.task_index` ({self.task_index}) must be in [0, "
+          f"{len(hosts)}) for {len(hosts)} `runtime.worker_hosts`.")
+    else:
+      checks.require(
+          self.task_index == -1,
           f"`runtime.task_index` ({self.task_index}) needs "
           "`runtime.worker_hosts`.")
-    if strategy == "multi_worker_mirrored" and self.num_cpu_devices > 1:
-      raise errors.ConfigError(
-          "`runtime.num_cpu_devices` does not apply to "
-          "'multi_worker_mirrored': each worker runs its local devices.")
-    if strategy == "tpu" and not self.tpu:
-      raise errors.ConfigError(
-          "`runtime.distribution_strategy='tpu'` needs `runtime.tpu`: a TPU "
-          "address, or 'local' for TPUs on this host.")
-    if self.tpu and strategy != "tpu":
-      raise errors.ConfigError(
-          f"`runtime.tpu` needs `runtime.distribution_strategy='tpu'`, not "
-          f"'{strategy}'.")
-
+    checks.require(
+        strategy != "multi_worker_mirrored" or self.num_cpu_devices <= 1,
+        "`runtime.num_cpu_devices` does not apply to "
+        "'multi_worker_mirrored': each worker runs its local devices.")
+    checks.require(
+        strategy != "tpu" or bool(self.tpu),
+        "`runtime.distribution_strategy='tpu'` needs `runtime.tpu`: a TPU "
+        "address, or 'local' for TPUs on this host.")
+    checks.require(
+        not self.tpu or strategy == "tpu",
+        f"`runtime.tpu` needs `runtime.distribution_strategy='tpu'`, not "
+        f"'{strategy}'.")
 
   def _check_threads(self) -> None:
     """Checks the thread settings against each other and the GPU count."""
     if self.gpu_thread_mode is not None:
-      _check_choice("gpu_thread_mode", self.gpu_thread_mode, GPU_THREAD_MODES)
-      if not self.num_gpus:
-        raise errors.ConfigError(
-            "`runtime.gpu_thread_mode` needs `runtime.num_gpus` > 0.")
-    elif self.per_gpu_thread_count:
-      raise errors.ConfigError(
+      checks.choice("runtime.gpu_thread_mode", self.gpu_thread_mode,
+                    GPU_THREAD_MODES)
+      checks.require(
+          self.num_gpus > 0,
+          "`runtime.gpu_thread_mode` needs `runtime.num_gpus` > 0.")
+    else:
+      checks.require(
+          not self.per_gpu_thread_count,
           "`runtime.per_gpu_thread_count` needs `runtime.gpu_thread_mode`.")
-    if self.per_gpu_thread_count < 0 or self.dataset_num_private_threads < 0:
-      raise errors.ConfigError(
-          "`runtime.per_gpu_thread_count` and "
-          "`runtime.dataset_num_private_threads` must not be negative.")
-    if self.dataset_batch_parallel_calls < -1:
-      raise errors.ConfigError(
-          "`runtime.dataset_batch_parallel_calls` "
-          f"({self.dataset_batch_parallel_calls}) must be -1 (AUTOTUNE), 0 "
-          "(in the prefetch thread) or a positive number.")
-
-
-def _is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _check_choice(name: str, value, choices) -> None:
-  if value not in choices:
-    raise errors.ConfigError(f"`runtime.{name}` ({value!r}) must be one of: "
-                     f"{', '.join(choices)}.")
+    checks.require(
+        self.per_gpu_thread_count >= 0 and
+        self.dataset_num_private_threads >= 0,
+        "`runtime.per_gpu_thread_count` and "
+        "`runtime.dataset_num_private_threads` must not be negative.")
+    checks.require(
+        self.dataset_batch_parallel_calls >= -1,
+        "`runtime.dataset_batch_parallel_calls` "
+        f"({self.dataset_batch_parallel_calls}) must be -1 (AUTOTUNE), 0 "
+        "(in the prefetch thread) or a positive number.")
 
 
 def configure_devices(config: RuntimeConfig) -> None:

@@ -18,6 +18,7 @@ import tensorflow as tf
 import tf_keras
 
 from trainer import checkpoints
+from trainer import checks
 from trainer import console
 from trainer import errors
 
@@ -45,9 +46,8 @@ class WarmStartConfig:
 
   def __post_init__(self):
     object.__setattr__(self, "modules", tuple(self.modules))
-    if self.modules and self.checkpoint is None:
-      raise errors.ConfigError(
-          "`warm_start.modules` needs `warm_start.checkpoint`.")
+    checks.require(not self.modules or self.checkpoint is not None,
+                   "`warm_start.modules` needs `warm_start.checkpoint`.")
 
 
 def resolve_checkpoint(path: str) -> str:

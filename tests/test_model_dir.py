@@ -1,0 +1,45 @@
+"""Who writes where: the chief's leases by mode, a worker's own directory."""
+
+import os
+
+import pytest
+
+import trainer
+from trainer import actions
+from trainer import cluster
+from trainer import lease
+from trainer import model_dir
+
+
+@pytest.mark.parametrize("mode, settings, roles", [
+    ("train", {}, [lease.TRAINER]),
+    ("train_and_eval", {}, [lease.TRAINER, lease.EVALUATOR]),
+    ("continuous_eval", {}, [lease.EVALUATOR]),
+    ("eval", {}, []),
+    ("eval", {"best_checkpoint": actions.BestCheckpointConfig(
+        metric="loss", higher_is_better=False)}, [lease.EVALUATOR]),
+])
+def test_lease_roles_by_mode(mode, settings, roles):
+  assert model_dir.lease_roles(mode, trainer.TrainerConfig(**settings)) == (
+      roles)
+
+
+def test_the_chief_writes_into_model_dir_and_removes_its_leftovers(tmp_path):
+  directory = tmp_path / "run"
+  directory.mkdir()
+  leftover = directory / ".tmp-operative_config.gin-x.part"
+  leftover.write_text("half")
+  with model_dir.write_directory(str(directory), cluster.WorkerInfo(),
+                                 "train", trainer.TrainerConfig()) as where:
+    assert where == str(directory)
+    assert not leftover.exists()
+
+
+def test_a_worker_writes_into_a_directory_of_its_own(tmp_path):
+  worker = cluster.WorkerInfo(num_workers=2, worker_index=1, is_chief=False)
+  with model_dir.write_directory(str(tmp_path / "run"), worker, "train",
+                                 trainer.TrainerConfig()) as where:
+    assert os.path.basename(where).startswith("worker1-")
+    assert os.path.isdir(where)
+  assert not os.path.exists(where)
+  assert not (tmp_path / "run").exists()

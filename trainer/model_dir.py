@@ -1,0 +1,72 @@
+"""Who writes where: `model_dir` for the chief, under its leases; a temporary
+directory for every other worker.
+
+The chief takes its leases on `model_dir` (`trainer.lease`) before it
+changes anything there, so a second run exits leaving it untouched; then it
+removes what interrupted writes of its own roles left, and only those.
+"""
+
+import contextlib
+import os
+import shutil
+import tempfile
+from typing import Iterator, List
+
+from trainer import actions
+from trainer import checkpoints
+from trainer import cluster
+from trainer import config as config_lib
+from trainer import console
+from trainer import lease
+from trainer import summaries
+
+# What each lease holder writes at the top of model_dir: it removes the
+# leftovers of its own interrupted writes there, and only those.
+WRITTEN_BY = {
+    lease.TRAINER: (checkpoints.SAVES, summaries.OPERATIVE_CONFIG_FILE,
+                    "export"),
+    lease.EVALUATOR: (actions.BEST_DIRECTORY, "eval",
+                      actions.EARLY_STOPPING_RECORD),
+}
+
+
+def lease_roles(mode: str, config: config_lib.TrainerConfig) -> List[str]:
+  """Returns the leases on `model_dir` a chief running `mode` must hold: the
+  trainer's to train, the evaluator's to write evaluation records (`best/`,
+  early stopping, `eval/evaluated.json`). A plain `eval` takes none."""
+  roles = []
+  if mode in ("train", "train_and_eval"):
+    roles.append(lease.TRAINER)
+  records = (config.best_checkpoint.metric is not None or
+             config.early_stopping.metric is not None)
+  if mode in ("train_and_eval", "continuous_eval") or (
+      mode == "eval" and records):
+    roles.append(lease.EVALUATOR)
+  return roles
+
+
+@contextlib.contextmanager
+def write_directory(model_dir: str, worker: cluster.WorkerInfo, mode: str,
+                    config: config_lib.TrainerConfig) -> Iterator[str]:
+  """Yields where this process writes: `model_dir` for the chief only.
+
+  Other workers take part in every save and summary (they may involve
+  collectives) but write into a temporary directory of their own, removed
+  afterwards, so no two processes ever write the same file.
+
+  Raises:
+    errors.ConfigError: If another process holds one of the leases.
+  """
+  if worker.is_chief:
+    os.makedirs(model_dir, exist_ok=True)
+    roles = lease_roles(mode, config)
+    with lease.Lease(model_dir, roles, mode, warn=console.warning):
+      checkpoints.remove_interrupted_saves(
+          model_dir, [name for role in roles for name in WRITTEN_BY[role]])
+      yield model_dir
+    return
+  directory = tempfile.mkdtemp(prefix=f"worker{worker.worker_index}-")
+  try:
+    yield directory
+  finally:
+    shutil.rmtree(directory, ignore_errors=True)

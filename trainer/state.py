@@ -1,0 +1,182 @@
+"""The training state: the model, the optimizer and the global step.
+
+`build` makes them in the strategy scope, the model built from the input's
+spec so a checkpoint restores at once, the optimizer with its learning-rate
+scaling, weight averages (EMA) and float16 loss scaling. `TrainState` is
+what checkpoints hold and what is evaluated, exported and fingerprinted.
+"""
+
+import dataclasses
+import hashlib
+from typing import Any, ContextManager, Dict, Optional
+
+import orbit
+import tensorflow as tf
+import tf_keras
+
+from trainer import config as config_lib
+from trainer import console
+from trainer import ema
+from trainer import errors
+from trainer import optimization
+from trainer import runtime as runtime_lib
+from trainer import scaling
+from trainer import task as task_lib
+
+
+@dataclasses.dataclass
+class TrainState:
+  """What is trained, saved and evaluated.
+
+  Attributes:
+    model: The model.
+    optimizer: The optimizer; None in eval modes without EMA.
+    global_step: The global step.
+    strategy: The strategy the variables were made in.
+  """
+  model: tf_keras.Model
+  optimizer: Optional[tf_keras.optimizers.Optimizer]
+  global_step: tf.Variable
+  strategy: tf.distribute.Strategy
+
+  def step(self) -> int:
+    """The global step, read from the device."""
+    return int(self.global_step.numpy())
+
+  def checkpoint_items(self) -> Dict[str, Any]:
+    """The model, the global step and the optimizer, if any, by name."""
+    items = {"model": self.model, "global_step": self.global_step}
+    if self.optimizer is not None:
+      items["optimizer"] = self.optimizer
+    return items
+
+  def averaged_weights(self) -> ContextManager:
+    """A context in which the model holds its EMA weights, if any."""
+    return ema.averaged_weights(self.optimizer, self.strategy)
+
+  def all_finite(self) -> bool:
+    """Whether every model and optimizer variable is finite (one read)."""
+    variables = (self.model.variables +
+                 optimization.optimizer_variables(self.optimizer))
+    checks = [tf.reduce_all(tf.math.is_finite(v)) for v in variables
+              if v.dtype.is_floating]
+    return bool(tf.reduce_all(checks).numpy()) if checks else True
+
+
+def build(task: task_lib.Task, strategy: tf.distribute.Strategy,
+          element_spec, config: config_lib.TrainerConfig,
+          runtime: runtime_lib.RuntimeConfig, *, training: bool,
+          replica_factor: float = 1.0) -> TrainState:
+  """Builds the state in the strategy scope.
+
+  Args:
+    task: Builds the model and the optimizer.
+    strategy: Where the variables live.
+    element_spec: The input's batched `(features, labels)` spec.
+    config: The loop settings (optimizer, EMA, rollback).
+    runtime: The precision.
+    training: Whether the state is trained (it needs an optimizer).
+    replica_factor: The learning-rate factor of `trainer.batch_scaling`.
+  """
+  with strategy.scope():
+    model = task.build_model()
+    ensure_built(model, element_spec)
+    global_step = orbit.utils.create_global_step()
+    optimizer = None
+    if training or config.ema.enabled:
+      # Evaluation builds it too with EMA: the averages are its slots.
+      optimizer = build_optimizer(task, model, config, runtime,
+                                  replica_factor)
+    if training and config.on_nonfinite == "rollback":
+      # A rollback may go back to a checkpoint saved before the first step;
+      # it must hold the optimizer slots too, or they would keep the
+      # non-finite values.
+      optimization.create_slots(optimizer, model.trainable_variables)
+  return TrainState(model, optimizer, global_step, strategy)
+
+
+def ensure_built(model: tf_keras.Model, element_spec) -> None:
+  """Builds `model` from the input spec so checkpoints restore at once.
+
+  Raises:
+    errors.ConfigError: If the model declares inputs one rank lower than
+      the batched features: the examples were batched already.
+  """
+  if model.built:
+    check_input_ranks(model, element_spec[0])
+    return
+  features_spec = element_spec[0]
+  dummy = tf.nest.map_structure(
+      lambda spec: tf.zeros([1] + spec.shape.as_list()[1:], spec.dtype),
+      features_spec)
+  model(dummy, training=False)
+
+
+def check_input_ranks(model: tf_keras.Model, features_spec) -> None:
+  """Raises if batched features have one rank more than the model's inputs
+  (`build_inputs` batched with a fixed size, `batch(n, drop_remainder=True)`).
+
+  Raises:
+    errors.ConfigError: Naming `build_inputs`.
+  """
+  inputs = getattr(model, "inputs", None) or []
+  specs = tf.nest.flatten(features_spec)
+  if len(inputs) != len(specs):
+    return
+  for model_input, spec in zip(inputs, specs):
+    if (model_input.shape.rank is not None and spec.shape.rank is not None
+        and spec.shape.rank == model_input.shape.rank + 1):
+      raise errors.ConfigError(
+          f"`build_inputs` returns batched data: the model takes inputs of "
+          f"shape {model_input.shape} but each example has shape "
+          f"{spec.shape[1:]}: return single examples and let the framework "
+          "batch them (remove `.batch(...)`).")
+
+
+def build_optimizer(task: task_lib.Task, model: tf_keras.Model,
+                    config: config_lib.TrainerConfig,
+                    runtime: runtime_lib.RuntimeConfig,
+                    replica_factor: float) -> tf_keras.optimizers.Optimizer:
+  """Builds the task's optimizer, scaled, averaged and loss-scaled.
+
+  Call inside the strategy scope.
+
+  Args:
+    task: Creates the optimizer.
+    model: The model (EMA averages its weights).
+    config: The optimizer, schedule, EMA and batch settings.
+    runtime: The precision (float16 adds loss scaling).
+    replica_factor: The learning-rate factor of `trainer.batch_scaling`.
+  """
+  optimizer = task.create_optimizer(optimization.Settings(
+      config.optimizer, config.learning_rate, config.train_steps))
+  batch_factor = optimization.learning_rate_factor(config.learning_rate,
+                                                   config.global_batch_size)
+  factor = replica_factor if batch_factor is None else batch_factor
+  scaling.scale_learning_rate(optimizer, factor)
+  if batch_factor is not None and batch_factor != 1.0:
+    console.info(f"learning rate | x{batch_factor:g} for global batch "
+                 f"{config.global_batch_size} (rates are written for "
+                 f"{config.learning_rate.reference_batch_size})")
+  optimizer = ema.add(optimizer, model, config.ema)
+  return runtime_lib.wrap_optimizer(optimizer, runtime)
+
+
+def loss_scale_scalars(
+    optimizer: tf_keras.optimizers.Optimizer) -> Dict[str, float]:
+  """Returns the float16 loss scale as a scalar, if there is one."""
+  if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
+    return {"loss_scale": float(optimizer.loss_scale)}
+  return {}
+
+
+def weights_fingerprint(model: tf_keras.Model) -> str:
+  """Returns a short hash of every weight's bytes, in `model.weights` order.
+
+  Equal fingerprints mean bit-identical weights: compare them across
+  workers, replicas or reruns.
+  """
+  digest = hashlib.sha256()
+  for weight in model.weights:
+    digest.update(weight.numpy().tobytes())
+  return digest.hexdigest()[:16]
