@@ -19,9 +19,20 @@ input-bound when the pipeline alone is slower than cached training or the
 real step time exceeds the cached one by more than 5%, the target for the
 shipped MNIST and CIFAR-10 pipelines.
 
+With `--data_service_workers=N` it also times training on the same
+pipeline run by the tf.data service: for each k in 1..N, a dispatcher and k
+workers, each a `scripts/data_service.py` process on 127.0.0.1 (started
+before, stopped after), feed one more contender, `service, k worker(s)`,
+timed in the same rounds; its step time over the local pipeline's is the
+median of the rounds' ratios. On a host with few cores the workers compete
+with training for them, as local input does: the figure says whether moving
+the pipeline into processes of its own pays here, not what other hosts'
+CPUs would give.
+
 Usage, from the repository root:
   python scripts/benchmark_input.py gin/cifar10.gin [--gin_param=...]
       [--fake_data=10000] [--steps=100] [--rounds=31]
+      [--data_service_workers=2]
 
 `--fake_data=N` writes N random training examples in the task's tfds format
 to a temporary directory and reads them through the real pipeline (tfds
@@ -30,13 +41,16 @@ is `JSON {...}` with the figures.
 """
 
 import contextlib
+import dataclasses
 import json
 import os
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List
+from typing import Dict, Iterator, List
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
@@ -68,6 +82,9 @@ flags.DEFINE_integer("rounds", 31, "Rounds, each timing both trainings.",
                      lower_bound=1)
 flags.DEFINE_integer("cached_batches", 50, "Batches cached for the cached "
                      "training.", lower_bound=1)
+flags.DEFINE_integer("data_service_workers", 0, "Also time training fed by "
+                     "the tf.data service with 1, ..., N local workers.",
+                     lower_bound=0)
 
 TARGET = 1.05  # Real step time over cached step time.
 LOOP = 10  # Steps per `train` call.
@@ -106,72 +123,161 @@ def main(gin_files: List[str], task: trainer.Task,
   del gin_files
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
-  with tempfile.TemporaryDirectory() as data_dir:
+  with tempfile.TemporaryDirectory() as data_dir, contextlib.ExitStack() as (
+      services):
     if FLAGS.fake_data:
       fake_data.write_for_task(task, data_dir, FLAGS.fake_data)
-    report(task, runtime, config)
+    dispatchers = [services.enter_context(data_service(workers))
+                   for workers in range(1, FLAGS.data_service_workers + 1)]
+    report(task, runtime, config, dispatchers)
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def data_service(num_workers: int) -> Iterator[str]:
+  """Runs a tf.data service dispatcher and `num_workers` workers, each a
+  `scripts/data_service.py` process on 127.0.0.1; yields the dispatcher's
+  address and stops them all on leaving."""
+  script = os.path.join(REPO_ROOT, "scripts", "data_service.py")
+  port = _free_port()
+  processes = []
+  try:
+    for index in range(num_workers + 1):
+      args = [f"--port={port if index == 0 else _free_port()}"]
+      if index:
+        args += [f"--dispatcher=127.0.0.1:{port}", "--host=127.0.0.1"]
+      process = subprocess.Popen([sys.executable, script, *args],
+                                 stdout=subprocess.PIPE, text=True)
+      processes.append(process)
+      line = process.stdout.readline()  # The server serves once it prints.
+      if "serving" not in line:
+        raise RuntimeError(f"data_service.py {' '.join(args)} did not "
+                           f"start: {line or 'no output'}")
+    yield f"grpc://127.0.0.1:{port}"
+  finally:
+    for process in processes:
+      process.terminate()
+    for process in processes:
+      process.wait(timeout=30)
 
 
 def report(task: trainer.Task, runtime: trainer.RuntimeConfig,
-           config: trainer.TrainerConfig) -> None:
-  """Times the pipeline and both trainings; prints the table."""
+           config: trainer.TrainerConfig, dispatchers: List[str]) -> None:
+  """Times the pipeline and every training; prints the table."""
   strategy = runtime_lib.create_strategy(runtime)
   runtime_lib.set_precision_policy(runtime)
   runtime_lib.seed_everything(runtime)
-  train_input = inputs_lib.for_task(task, True, strategy, config, runtime,
-                                      cluster.worker_info(strategy))
+  worker = cluster.worker_info(strategy)
+
+  def build_input(contender_runtime=runtime):
+    return inputs_lib.for_task(task, True, strategy, config,
+                               contender_runtime, worker)
+
+  inputs = {"real": build_input()}
   batch = config.global_batch_size
-  pipeline = time_pipeline(train_input.build(), 2 * FLAGS.steps, batch)
+  pipeline = time_pipeline(inputs["real"].build(), 2 * FLAGS.steps, batch)
+  inputs["cached"] = build_input()
+  inputs["cached"].dataset = inputs["cached"].build().take(
+      FLAGS.cached_batches).cache().repeat()
+  for workers, address in enumerate(dispatchers, start=1):
+    inputs[_service_name(workers)] = build_input(
+        dataclasses.replace(runtime, data_service=address))
   with strategy.scope():
     model = task.build_model()
-    state_lib.ensure_built(model, train_input.dataset.element_spec)
+    state_lib.ensure_built(model, inputs["real"].dataset.element_spec)
     global_step = orbit.utils.create_global_step()
     optimizer = state_lib.build_optimizer(task, model, config, runtime, 1.0)
-  trainers = {}
-  for name in ("real", "cached"):
-    if name == "cached":
-      train_input.dataset = train_input.build().take(
-          FLAGS.cached_batches).cache().repeat()
-    trainers[name] = runners.TaskTrainer(
-        task, model, optimizer, strategy, train_input, global_step,
-        enable_xla=runtime.enable_xla,
-        step_options=gradients.StepOptions.from_config(config))
+  trainers = {
+      name: runners.TaskTrainer(
+          task, model, optimizer, strategy, contender_input, global_step,
+          enable_xla=runtime.enable_xla,
+          step_options=gradients.StepOptions.from_config(config))
+      for name, contender_input in inputs.items()}
+  results = time_rounds(trainers)
+  print(f"{type(task).__name__}: global batch {batch}, "
+        f"{strategy.num_replicas_in_sync} replica(s), "
+        f"{FLAGS.rounds} round(s) of {FLAGS.steps} steps each, median")
+  print_figures(results, pipeline, batch, len(dispatchers))
+
+
+def time_rounds(trainers: Dict[str, runners.TaskTrainer]
+                ) -> Dict[str, List[Dict[str, float]]]:
+  """Times every trainer `--steps` steps a round, each going first in turn
+  (with two: alternating); returns each one's figures per round."""
   results = {name: [] for name in trainers}
   with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
     for name, task_trainer in trainers.items():
       # Traces the loop and, for the cached one, fills the cache.
       time_training(task_trainer, max(FLAGS.cached_batches, 2 * LOOP))
+    names = list(trainers)
     for round_index in range(FLAGS.rounds):
-      order = list(trainers) if round_index % 2 == 0 else list(
-          reversed(trainers))
-      for name in order:
+      shift = round_index % len(names)
+      for name in names[shift:] + names[:shift]:
         results[name].append(time_training(trainers[name], FLAGS.steps))
+  return results
+
+
+def print_figures(results: Dict[str, List[Dict[str, float]]],
+                  pipeline: float, batch: int, num_services: int) -> None:
+  """Prints the table, the verdict and the `JSON` line."""
   medians = {name: {key: statistics.median(r[key] for r in rounds)
                     for key in rounds[0]} for name, rounds in results.items()}
   real, cached = medians["real"], medians["cached"]
   round_ratios = [c["steps_per_second"] / r["steps_per_second"]
                   for r, c in zip(results["real"], results["cached"])]
   ratio = statistics.median(round_ratios)
-  print(f"{type(task).__name__}: global batch {batch}, "
-        f"{strategy.num_replicas_in_sync} replica(s), "
-        f"{FLAGS.rounds} round(s) of {FLAGS.steps} steps each, median")
-  print(f"{'':<18}{'examples/s':>12}{'input wait':>12}")
-  print(f"{'pipeline':<18}{pipeline:12.0f}")
-  for name, label in (("real", "training"),
-                      ("cached", "training, cached")):
-    print(f"{label:<18}{medians[name]['steps_per_second'] * batch:12.0f}"
+  width = max(18, *(len(name) + 2 for name in results))
+  print(f"{'':<{width}}{'examples/s':>12}{'input wait':>12}")
+  print(f"{'pipeline':<{width}}{pipeline:12.0f}")
+  labels = {"real": "training", "cached": "training, cached"}
+  for name in results:
+    print(f"{labels.get(name, name):<{width}}"
+          f"{medians[name]['steps_per_second'] * batch:12.0f}"
           f"{100 * medians[name]['input_wait']:11.1f}%")
   bound = ratio > TARGET or pipeline < cached["steps_per_second"] * batch
   verdict = "the input pipeline" if bound else "the training step"
   print(f"step time, real pipeline / cached batches: {ratio:.3f}x (target "
         f"<= {TARGET:.2f}x: {'PASS' if ratio <= TARGET else 'FAIL'}); "
         f"bottleneck: {verdict}")
-  print("JSON " + json.dumps({
+  figures = {
       "pipeline_examples_per_second": pipeline,
       "training_examples_per_second": real["steps_per_second"] * batch,
       "cached_examples_per_second": cached["steps_per_second"] * batch,
       "input_wait": real["input_wait"], "step_time_ratio": ratio,
-      "round_ratios": round_ratios, "input_bound": bound}))
+      "round_ratios": round_ratios, "input_bound": bound}
+  if num_services:
+    figures["data_service"] = _service_figures(results, medians, batch,
+                                               num_services)
+    print("step time over the local pipeline's: " + "; ".join(
+        f"{_service_name(int(k))} {v['step_time_vs_local']:.3f}x"
+        for k, v in figures["data_service"].items()))
+  print("JSON " + json.dumps(figures))
+
+
+def _service_name(workers: int) -> str:
+  return f"service, {workers} worker{'s' if workers > 1 else ''}"
+
+
+def _service_figures(results, medians, batch: int,
+                     num_services: int) -> Dict[str, Dict[str, float]]:
+  """Per worker count: examples/s, input wait and the step time over the
+  local pipeline's (the median of the rounds' ratios)."""
+  figures = {}
+  for workers in range(1, num_services + 1):
+    name = _service_name(workers)
+    ratios = [local["steps_per_second"] / service["steps_per_second"]
+              for local, service in zip(results["real"], results[name])]
+    figures[str(workers)] = {
+        "examples_per_second": medians[name]["steps_per_second"] * batch,
+        "input_wait": medians[name]["input_wait"],
+        "step_time_vs_local": statistics.median(ratios),
+        "round_ratios": ratios}
+  return figures
 
 
 if __name__ == "__main__":

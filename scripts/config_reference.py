@@ -48,7 +48,7 @@ ORDER = ("experiment", "trainer", "optimizer", "learning_rate", "ema",
          "warm_start", "export", "best_checkpoint", "early_stopping",
          "runtime", "DigitsClassification", "MnistClassification",
          "Cifar10Classification", "ImageNetResNet50", "ImdbSentiment",
-         "TFRecordSource")
+         "HashedRecommendation", "SplitDigitsMLP", "TFRecordSource")
 REQUIRED = "required"
 _SECTIONS = ("Args", "Arguments", "Attributes", "Returns", "Yields", "Raises",
              "Example", "Examples", "Note", "Notes")

@@ -28,16 +28,23 @@ class Cifar10Classification(classification.ImageClassificationTask):
   tfds_name = "cifar10"
   image_shape = (32, 32, 3)
 
-  def __init__(self, augment: bool = True, **kwargs):
+  def __init__(self, augment: bool = True, heavy_augmentation: bool = False,
+               **kwargs):
     """Configures the task.
 
     Args:
       augment: Random crops and flips for training.
+      heavy_augmentation: Instead, SimCLR's augmentation (random resized
+        crops, flips, colour jitter, grayscale) in the input pipeline: the
+        input-heavy variant that `scripts/benchmark_input.py
+        --data_service_workers` measures, whose pixel work competes with
+        training for a host's CPUs or runs on tf.data service workers.
       **kwargs: `data_dir`, `tfrecords`, `shuffle_seed` (see
         `ImageClassificationTask`).
     """
     super().__init__(**kwargs)
     self.augment = augment
+    self.heavy_augmentation = heavy_augmentation
 
   def build_model(self) -> tf_keras.Model:
     # The model takes uint8 pixels and scales them itself: a quarter of the
@@ -58,12 +65,13 @@ class Cifar10Classification(classification.ImageClassificationTask):
     images, labels = self.gather(batch, training)
     if not (training and self.augment):
       return images, labels
+    seed = tf.random.experimental.stateless_fold_in(seed, self.shuffle_seed)
+    if self.heavy_augmentation:
+      return image_inputs.resized_crop_flip_and_jitter(images, seed), labels
     # Only the crops and flips are drawn here; `compute_gradients` applies
     # them (see `image_inputs.draw_crops_and_flips`).
-    crops = image_inputs.draw_crops_and_flips(
-        tf.shape(images)[0],
-        tf.random.experimental.stateless_fold_in(seed, self.shuffle_seed),
-        PADDING)
+    crops = image_inputs.draw_crops_and_flips(tf.shape(images)[0], seed,
+                                              PADDING)
     return {"image": images, "crops": crops}, labels
 
   def compute_gradients(self, inputs, model, optimizer):

@@ -11,6 +11,7 @@ import tensorflow as tf
 import tf_keras
 
 from tasks import classification
+from trainer import inputs
 
 NUM_CLASSES = 10
 NUM_TRAIN = 1437
@@ -61,12 +62,5 @@ class DigitsClassification(classification.ClassificationTask):
     ], name="digits_cnn")
 
   def build_inputs(self, training, input_context=None) -> tf.data.Dataset:
-    images, labels = load_split(training)
-    dataset = tf.data.Dataset.from_tensor_slices((images, labels))
-    if input_context and input_context.num_input_pipelines > 1:
-      dataset = dataset.shard(input_context.num_input_pipelines,
-                              input_context.input_pipeline_id)
-    if training:
-      dataset = dataset.shuffle(len(labels), seed=self.shuffle_seed,
-                                reshuffle_each_iteration=True)
-    return dataset
+    return inputs.examples_from_arrays(load_split(training), training,
+                                       input_context, seed=self.shuffle_seed)

@@ -67,6 +67,49 @@ def crop_and_flip(images: tf.Tensor, crops: tf.Tensor,
   return tf.gather(cropped, columns, axis=2, batch_dims=1)
 
 
+def resized_crop_flip_and_jitter(images: tf.Tensor,
+                                 seed: tf.Tensor) -> tf.Tensor:
+  """SimCLR's image augmentation, on a whole batch `[n, h, w, 3]` of uint8.
+
+  Per image: a random crop of 8% to 100% of the area with an aspect ratio
+  in [3/4, 4/3], resized back to `h x w` (bilinear) and flipped left-right
+  half the time; then colour jitter (brightness, contrast and saturation
+  each scaled by up to +-40%), and grayscale for one image in five. Every
+  draw is stateless from `seed`, and the work is batched ops: a few per
+  batch, not per image.
+  """
+  count, height, width = (tf.shape(images)[0], tf.shape(images)[1],
+                          tf.shape(images)[2])
+  seeds = tf.unstack(tf.random.experimental.stateless_split(seed, 7))
+
+  def uniform(index, low, high):
+    return tf.random.stateless_uniform([count], seeds[index], low, high)
+
+  area = uniform(0, 0.08, 1.0)
+  ratio = tf.exp(uniform(1, tf.math.log(3 / 4), tf.math.log(4 / 3)))
+  crop_height = tf.minimum(tf.sqrt(area / ratio), 1.0)
+  crop_width = tf.minimum(tf.sqrt(area * ratio), 1.0)
+  top = uniform(2, 0.0, 1.0) * (1.0 - crop_height)
+  left = uniform(3, 0.0, 1.0) * (1.0 - crop_width)
+  left, right = left, left + crop_width
+  flip = uniform(4, 0.0, 1.0) < 0.5
+  # `crop_and_resize` flips a box whose x1 > x2.
+  left, right = tf.where(flip, right, left), tf.where(flip, left, right)
+  boxes = tf.stack([top, left, top + crop_height, right], axis=1)
+  pixels = tf.image.crop_and_resize(
+      tf.cast(images, tf.float32), boxes, tf.range(count), [height, width])
+  jitter = tf.reshape(uniform(5, 0.6, 1.4), [-1, 1, 1, 1])
+  strength = tf.random.stateless_uniform([3, count, 1, 1, 1], seeds[6], 0.6,
+                                         1.4)
+  pixels *= jitter  # Brightness.
+  mean = tf.reduce_mean(pixels, axis=[1, 2, 3], keepdims=True)
+  pixels = (pixels - mean) * strength[0] + mean  # Contrast.
+  gray = tf.image.rgb_to_grayscale(pixels)
+  saturation = tf.where(strength[2] < 0.68, 0.0, strength[1])  # 1 in 5.
+  pixels = gray + (pixels - gray) * saturation
+  return tf.cast(tf.clip_by_value(pixels, 0.0, 255.0), tf.uint8)
+
+
 def decode_random_crop(encoded: tf.Tensor, seed: tf.Tensor,
                        image_size: int) -> tf.Tensor:
   """Inception-style crop of a JPEG, resized to a square, flipped at random.

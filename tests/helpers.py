@@ -163,10 +163,11 @@ class TrainProcess:
   Always `close()` it (it kills the process if still running).
   """
 
-  def __init__(self, args: Sequence[str], env: Optional[Dict[str, str]] = None):
+  def __init__(self, args: Sequence[str], env: Optional[Dict[str, str]] = None,
+               cwd: str = REPO_ROOT):
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     self.process = subprocess.Popen(
-        [sys.executable, TRAIN_PY, *args], cwd=REPO_ROOT, env=full_env,
+        [sys.executable, TRAIN_PY, *args], cwd=cwd, env=full_env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     self.lines: List[str] = []
     self._stderr_lines: List[str] = []

@@ -6,6 +6,8 @@ import statistics
 import subprocess
 import sys
 
+import pytest
+
 import helpers
 
 
@@ -35,6 +37,37 @@ def test_reports_pipeline_training_and_cached_rates():
   assert lines[5].startswith("step time, real pipeline / cached batches: "
                              f"{figures['step_time_ratio']:.3f}x (target <= "
                              f"1.05x: {verdict}); bottleneck: the ")
+
+
+@pytest.mark.slow
+def test_times_the_tf_data_service_beside_local_input():
+  result = subprocess.run(
+      [sys.executable, "scripts/benchmark_input.py", "gin/cifar10.gin",
+       "--fake_data=256", "--steps=10", "--rounds=2", "--cached_batches=4",
+       "--gin_param=trainer.global_batch_size=32",
+       "--gin_param=Cifar10Classification.heavy_augmentation=True",
+       "--data_service_workers=2"],
+      cwd=helpers.REPO_ROOT, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-2000:]
+  lines = result.stdout.strip().splitlines()[-10:]
+  assert [line.rsplit(None, 2)[0] for line in lines[3:7]] == [
+      "training", "training, cached", "service, 1 worker",
+      "service, 2 workers"]
+  figures = json.loads(lines[-1].removeprefix("JSON "))
+  service = figures["data_service"]
+  assert sorted(service) == ["1", "2"]
+  for workers in ("1", "2"):
+    assert service[workers]["examples_per_second"] > 0
+    assert len(service[workers]["round_ratios"]) == 2
+    assert service[workers]["step_time_vs_local"] == statistics.median(
+        service[workers]["round_ratios"])
+  assert lines[-2] == (
+      "step time over the local pipeline's: service, 1 worker "
+      f"{service['1']['step_time_vs_local']:.3f}x; service, 2 workers "
+      f"{service['2']['step_time_vs_local']:.3f}x")
+  # The servers it started are gone.
+  assert "data_service.py" not in subprocess.run(
+      ["ps", "-eo", "args"], capture_output=True, text=True).stdout
 
 
 def test_needs_a_gin_file():

@@ -4,6 +4,7 @@ on real checkpoints written by training runs."""
 import os
 
 import pytest
+import tensorflow as tf
 
 import trainer
 from trainer import checkpoints
@@ -141,3 +142,35 @@ def test_each_role_removes_the_leftovers_of_its_own_writes(tmp_path):
   assert sorted(removed) == sorted(str(p) for p in evaluators)
   assert all(path.exists() for path in kept)
   assert os.path.exists(os.path.join(model_dir, "ckpt-10.index"))
+
+
+def test_a_checkpoint_without_input_position_restores_the_rest(tmp_path,
+                                                               capsys):
+  # Saved as a parameter-server chief saves: no iterator.
+  weights = tf.Variable([1.0, 2.0])
+  step = tf.Variable(7, dtype=tf.int64)
+  tf.train.CheckpointManager(
+      tf.train.Checkpoint(model=weights, global_step=step), str(tmp_path),
+      3).save(checkpoint_number=7)
+  # Restored by a run that saves its iterator.
+  restored_weights = tf.Variable([0.0, 0.0])
+  restored_step = tf.Variable(0, dtype=tf.int64)
+  iterator = iter(tf.data.Dataset.range(5))
+  manager = tf.train.CheckpointManager(
+      tf.train.Checkpoint(model=restored_weights, global_step=restored_step,
+                          **{checkpoints.INPUT_POSITION: iterator}),
+      str(tmp_path), 3)
+  assert checkpoints.restore(manager) == str(tmp_path / "ckpt-7")
+  assert restored_weights.numpy().tolist() == [1.0, 2.0]
+  assert int(restored_step.numpy()) == 7
+  assert int(next(iterator).numpy()) == 0  # From the start.
+  assert ("input | ckpt-7 holds no input position (saved where none can be "
+          "checkpointed: parameter servers, several workers, the tf.data "
+          "service): the training input starts from its first batch"
+          in capsys.readouterr().out)
+  # Anything else missing is still a model mismatch.
+  other = tf.train.CheckpointManager(
+      tf.train.Checkpoint(model=restored_weights, global_step=restored_step,
+                          head=tf.Variable(0.0)), str(tmp_path), 3)
+  with pytest.raises(trainer.ConfigError, match="does not fit this model"):
+    checkpoints.restore(other)

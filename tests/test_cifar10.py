@@ -9,7 +9,7 @@ import trainer
 from tasks import cifar10
 from tasks import fake_data
 from tasks import image_inputs
-from trainer import cli
+from trainer import gin_config
 from trainer import experiment
 from trainer import inputs as inputs_lib
 
@@ -30,7 +30,7 @@ def test_model_is_the_scaling_guides_cnn():
 
 
 def test_gin_file_trains_and_evaluates_on_mock_data(tmp_path):
-  task, runtime, config = cli.load_config(
+  task, runtime, config = gin_config.load_config(
       ["gin/cifar10.gin", "gin/runtime/cpu_mirrored.gin"],
       ["trainer.train_steps=10", "trainer.steps_per_loop=5",
        "trainer.summary_interval=5", "trainer.validation_interval=5",
@@ -66,6 +66,41 @@ def test_training_batches_carry_crops_evaluation_batches_not(tmp_path):
                                                runtime).dataset))
   images, _ = evaluation
   assert images.dtype == tf.uint8 and images.shape == (8, 32, 32, 3)
+
+
+def test_heavy_augmentation_crops_resizes_and_jitters_in_the_pipeline(
+    tmp_path):
+  fake_data.write("cifar10", str(tmp_path), {"train": 8, "test": 8})
+  task = cifar10.Cifar10Classification(data_dir=str(tmp_path),
+                                       heavy_augmentation=True)
+  config = trainer.TrainerConfig(global_batch_size=8)
+  dataset = inputs_lib.for_task(task, True, tf.distribute.get_strategy(),
+                                config, trainer.RuntimeConfig()).dataset
+  batches = [next(iter(dataset)) for _ in range(2)]
+  # Augmented images, ready for the model: no crops left to the step.
+  images, labels = batches[0]
+  assert images.dtype == tf.uint8 and images.shape == (8, 32, 32, 3)
+  assert labels.shape == (8,)
+  # Stateless: a new iterator draws the same; the next batch other ones.
+  np.testing.assert_array_equal(images, batches[1][0])
+  iterator = iter(dataset)
+  next(iterator)
+  assert not np.array_equal(images, next(iterator)[0])
+
+
+def test_resized_crop_flip_and_jitter_draws_per_image():
+  images = tf.constant(np.random.RandomState(0).randint(
+      0, 256, (6, 32, 32, 3)), tf.uint8)
+  seed = tf.constant([1, 2], tf.int64)
+  out = image_inputs.resized_crop_flip_and_jitter(images, seed)
+  assert out.dtype == tf.uint8 and out.shape == images.shape
+  np.testing.assert_array_equal(
+      out, image_inputs.resized_crop_flip_and_jitter(images, seed))
+  # Each image is changed, each differently from the same source.
+  same = tf.tile(images[:1], [6, 1, 1, 1])
+  varied = image_inputs.resized_crop_flip_and_jitter(same, seed).numpy()
+  assert len({image.tobytes() for image in varied}) == 6
+  assert all(not np.array_equal(image, images[0]) for image in varied)
 
 
 def test_the_step_applies_the_crops(tmp_path):

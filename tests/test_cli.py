@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 from trainer import cli
+from trainer import gin_config
 from trainer import errors
 
 import helpers
@@ -45,13 +46,13 @@ DIGITS = "gin/digits.gin"
 ])
 def test_bad_configuration_is_one_clear_line(files, params, message):
   with pytest.raises(errors.ConfigError) as raised:
-    cli.load_config(files, params)
+    gin_config.load_config(files, params)
   assert str(raised.value) == message
 
 
 def test_a_gin_file_that_is_a_directory_is_named_so(tmp_path):
   with pytest.raises(errors.ConfigError) as raised:
-    cli.load_config([str(tmp_path)], [])
+    gin_config.load_config([str(tmp_path)], [])
   assert str(raised.value) == (f"--gin_file: {tmp_path} is a directory, not "
                                "a gin file.")
 
@@ -62,7 +63,7 @@ def test_gin_file_errors_name_file_and_line(tmp_path):
   with pytest.raises(errors.ConfigError,
                      match=f"^{bad_syntax}:2: gin syntax error: Unable to "
                      "parse value$"):
-    cli.load_config([str(bad_syntax)], [])
+    gin_config.load_config([str(bad_syntax)], [])
 
   bad_import = tmp_path / "import.gin"
   bad_import.write_text("import no_such_module_xyz\n")
@@ -71,16 +72,16 @@ def test_gin_file_errors_name_file_and_line(tmp_path):
                      "'no_such_module_xyz' \\(looked in the working directory "
                      f"and beside the gin files: .*, {tmp_path}; or add its "
                      "directory to PYTHONPATH\\)$"):
-    cli.load_config([str(bad_import)], [])
+    gin_config.load_config([str(bad_import)], [])
 
   no_task = tmp_path / "no_task.gin"
   no_task.write_text("trainer.train_steps = 3\n")
   with pytest.raises(errors.ConfigError, match="^no task configured"):
-    cli.load_config([str(no_task)], [])
+    gin_config.load_config([str(no_task)], [])
 
 
 def test_overrides_and_stacked_files_apply_in_order(tmp_path):
-  task, runtime, config = cli.load_config(
+  task, runtime, config = gin_config.load_config(
       [DIGITS, "gin/runtime/cpu_mirrored.gin"],
       ["trainer.train_steps=2000", 'runtime.num_cpu_devices=2',
        "optimizer.learning_rate=3e-4", "DigitsClassification.filters=8"])
@@ -195,15 +196,32 @@ def test_user_task_outside_the_repo_via_gin_import(tmp_path):
           all_reduce_alg="ring")),
     ("gin/runtime/parameter_server.gin", [],
      dict(distribution_strategy="parameter_server")),
+    ("gin/runtime/parameter_server_sharded.gin", [],
+     dict(distribution_strategy="parameter_server",
+          variable_partitioner="min_size",
+          variable_partitioner_args={"min_shard_bytes": 262144,
+                                     "max_shards": 2})),
     ("gin/runtime/tpu_bf16.gin", [],
      dict(distribution_strategy="tpu", mixed_precision_dtype="bfloat16")),
 ])
 def test_runtime_files_stack_on_a_task_file(runtime_file, params, expected):
-  _, runtime, config = cli.load_config([DIGITS, runtime_file], params)
+  _, runtime, config = gin_config.load_config([DIGITS, runtime_file], params)
   for name, value in expected.items():
     assert getattr(runtime, name) == value
   if runtime_file.endswith("tpu_bf16.gin"):
     assert config.global_batch_size == 4096
+
+
+def test_runtime_files_load_quietly_from_another_directory(tmp_path,
+                                                          monkeypatch, caplog):
+  # gin tries `gin/runtime/x.gin` as the Python package `gin.runtime` first
+  # and logs "ERROR:root:Path not found" for it, and for the files it
+  # includes, before it finds them in this repository.
+  monkeypatch.chdir(tmp_path)
+  _, runtime, _ = gin_config.load_config(
+      ["gin/digits.gin", "gin/runtime/parameter_server_sharded.gin"], [])
+  assert runtime.variable_partitioner == "min_size"
+  assert not [r for r in caplog.records if "Path not found" in r.getMessage()]
 
 
 _BAD_DATA_TASK = '''
@@ -427,7 +445,7 @@ def test_dry_run_checks_everything_and_touches_nothing(trained_dirs,
     ("profile.gin", [], dict(profile=(200, 220))),
 ])
 def test_feature_files_stack_on_a_task_file(feature_file, params, expected):
-  _, _, config = cli.load_config([DIGITS, f"gin/features/{feature_file}"],
+  _, _, config = gin_config.load_config([DIGITS, f"gin/features/{feature_file}"],
                                  params)
   checks = {
       "optimizer": lambda: (config.optimizer.name,
@@ -453,7 +471,7 @@ def test_feature_files_stack_on_a_task_file(feature_file, params, expected):
 
 def test_warm_start_file_requires_its_checkpoint():
   with pytest.raises(errors.ConfigError, match="INIT_CHECKPOINT"):
-    cli.load_config([DIGITS, "gin/features/warm_start.gin"], [])
+    gin_config.load_config([DIGITS, "gin/features/warm_start.gin"], [])
 
 
 def test_features_together_through_the_command_line(tmp_path):

@@ -8,7 +8,7 @@ import tensorflow_datasets as tfds
 
 from tasks import fake_data
 from tasks import imagenet
-from trainer import cli
+from trainer import gin_config
 from trainer import errors
 from trainer import experiment
 
@@ -63,7 +63,7 @@ def test_label_smoothing():
 
 
 def test_cpu_smoke_config_trains_on_mock_data(tmp_path):
-  task, runtime, config = cli.load_config([SMOKE], [])
+  task, runtime, config = gin_config.load_config([SMOKE], [])
   assert config.global_batch_size == 8 and task.image_size == 64
   with tfds.testing.mock_data(num_examples=16):
     output = experiment.run(task, "train_and_eval", str(tmp_path), runtime,
@@ -93,7 +93,7 @@ def test_cpu_smoke_config_through_the_command_line(data_dir, tmp_path):
           steps=28170, warmup=1565)),
 ])
 def test_hardware_configs(path, params, expected):
-  task, runtime, config = cli.load_config([path], params)
+  task, runtime, config = gin_config.load_config([path], params)
   assert (runtime.distribution_strategy, runtime.mixed_precision_dtype,
           runtime.num_gpus) == (expected["strategy"], expected["dtype"],
                                 expected["num_gpus"])
@@ -111,4 +111,4 @@ def test_hardware_configs(path, params, expected):
 
 def test_tpu_config_needs_its_address():
   with pytest.raises(errors.ConfigError, match="tpu"):
-    cli.load_config(["gin/experiments/imagenet_resnet50_tpu.gin"], [])
+    gin_config.load_config(["gin/experiments/imagenet_resnet50_tpu.gin"], [])

@@ -6,7 +6,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from tasks import imdb
-from trainer import cli
+from trainer import gin_config
 from trainer import experiment
 
 import helpers
@@ -42,7 +42,7 @@ def test_model_is_built_from_model_garden_layers():
 
 
 def test_gin_file_trains_on_mock_data_and_exports_raw_text(tmp_path):
-  task, runtime, config = cli.load_config(
+  task, runtime, config = gin_config.load_config(
       ["gin/imdb.gin"],
       ["trainer.train_steps=6", "trainer.steps_per_loop=3",
        "trainer.summary_interval=3", "trainer.checkpoint_interval=6",

@@ -170,3 +170,18 @@ def test_batch_fn_runs_in_the_prefetch_thread_unless_told(parallel_calls, op):
   assert ("ParallelMapDatasetV2" in ops) == (parallel_calls != 0)
   assert [b.tolist() for b in data.dataset.take(3).as_numpy_iterator()] == [
       [0, 2, 4, 6, 8], [10, 12, 14, 16, 18], [0, 2, 4, 6, 8]]
+
+
+def test_examples_from_arrays_shards_and_shuffles_each_epoch():
+  arrays = (np.arange(10), np.arange(10) * 10)
+  context = tf.distribute.InputContext(num_input_pipelines=2,
+                                       input_pipeline_id=1)
+  evaluation = inputs.examples_from_arrays(arrays, False, context)
+  assert [(int(x), int(y)) for x, y in evaluation] == [
+      (1, 10), (3, 30), (5, 50), (7, 70), (9, 90)]
+  training = inputs.examples_from_arrays(arrays, True, None, seed=3)
+  epochs = [[int(x) for x, _ in training] for _ in range(2)]
+  assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(10))
+  assert epochs[0] != epochs[1]  # Reshuffled.
+  again = inputs.examples_from_arrays(arrays, True, None, seed=3)
+  assert [int(x) for x, _ in again] == epochs[0]  # Seeded.

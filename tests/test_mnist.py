@@ -8,7 +8,7 @@ import tensorflow_datasets as tfds
 
 from tasks import fake_data
 from tasks import mnist
-from trainer import cli
+from trainer import gin_config
 from trainer import experiment
 
 import helpers
@@ -25,7 +25,7 @@ def test_model_is_the_tutorial_cnn():
 
 
 def test_mnist_gin_trains_and_evaluates_on_mock_data(tmp_path):
-  task, runtime, config = cli.load_config(
+  task, runtime, config = gin_config.load_config(
       ["gin/mnist.gin", "gin/runtime/cpu_mirrored.gin"],
       ["trainer.train_steps=20", "trainer.steps_per_loop=10",
        "trainer.summary_interval=10", "trainer.validation_interval=10",
@@ -70,7 +70,7 @@ def test_input_pipelines_read_disjoint_parts_of_a_one_file_split(tmp_path):
 def test_mnist_trains_from_tfrecord_files_on_two_replicas(tmp_path):
   data_dir = str(tmp_path / "data")
   fake_data.write("mnist", data_dir, {"train": 64, "test": 32})
-  task, runtime, config = cli.load_config(
+  task, runtime, config = gin_config.load_config(
       ["gin/mnist.gin", "gin/runtime/cpu_mirrored.gin"],
       [f"MnistClassification.data_dir='{data_dir}'",
        "trainer.train_steps=8", "trainer.steps_per_loop=4",

@@ -119,3 +119,9 @@ def test_reporter_warns_once_when_input_bound(tmp_path, capsys):
   assert out.count("warning | input-bound: the steps to 10 waited for the "
                    "input pipeline 50% of the time") == 1
   assert out.count("input-bound") == 1
+  # It names every remedy the framework offers.
+  for remedy in ("Task.preprocess_batch", "runtime.dataset_batch_parallel_"
+                 "calls", "runtime.dataset_num_private_threads",
+                 "runtime.data_service", "scripts/data_service.py",
+                 "scripts/benchmark_input.py"):
+    assert remedy in out, remedy

@@ -209,7 +209,12 @@ def restore(manager: tf.train.CheckpointManager,
   failures = []
   for candidate in paths:
     try:
-      _restore_one(manager.checkpoint, candidate, partial)
+      if not _restore_one(manager.checkpoint, candidate, partial):
+        console.info(
+            f"input | {os.path.basename(candidate)} holds no input position "
+            "(saved where none can be checkpointed: parameter servers, "
+            "several workers, the tf.data service): the training input "
+            "starts from its first batch")
       if failures:
         logging.warning("restored %s instead", candidate)
         console.info(f"checkpoint | restored {candidate} instead of the "
@@ -232,8 +237,29 @@ def restore(manager: tf.train.CheckpointManager,
       f"(tried {', '.join(failures)}).")
 
 
+# The name under which a checkpoint holds the training input's iterator.
+INPUT_POSITION = "train_iterator"
+
+
 def _restore_one(checkpoint: tf.train.Checkpoint, path: str,
-                 partial: bool) -> None:
+                 partial: bool) -> bool:
+  """Restores `path` into `checkpoint`'s objects.
+
+  Returns:
+    False if this run checkpoints its input position but `path` holds none
+    (its iterator then stays at the start); True otherwise.
+  """
+  children = checkpoint._trackable_children()  # pylint: disable=protected-access
+  has_position = any(name.startswith(f"{INPUT_POSITION}/")
+                     for name, _ in tf.train.list_variables(path))
+  position_restored = INPUT_POSITION not in children or has_position
+  if not position_restored:
+    # A checkpoint of a run whose input position could not be saved, read
+    # by one that saves it: everything else must still match. (The save
+    # counter is the Checkpoint's own; saves here are numbered by step.)
+    checkpoint = tf.train.Checkpoint(**{
+        name: child for name, child in children.items()
+        if name not in (INPUT_POSITION, "save_counter")})
   status = checkpoint.restore(path)
   if partial:
     status.expect_partial()
@@ -241,6 +267,7 @@ def _restore_one(checkpoint: tf.train.Checkpoint, path: str,
     # Everything built must match; optimizer slots not built yet are filled
     # when the first step creates them (deferred restoration).
     status.assert_existing_objects_matched().expect_partial()
+  return position_restored
 
 
 # What the name of an interrupted checkpoint save's folder matches, in

@@ -1,4 +1,4 @@
-"""Command line: gin files and bindings in, a validated experiment run out.
+"""Command line: flags in, a validated experiment run out.
 
     python train.py --gin_file=gin/digits.gin --model_dir=runs/digits \
         --gin_param='trainer.train_steps=2000' [--mode=train_and_eval]
@@ -10,15 +10,12 @@ bad flags) end the process with exit code 2 and one line on stderr, before
 
 import contextlib
 import dataclasses
-import difflib
 import gc
-import inspect
 import os
-import re
 import sys
 import tempfile
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 from absl import app
 from absl import flags
@@ -30,12 +27,12 @@ from trainer import checkpoints
 from trainer import console
 from trainer import errors
 from trainer import experiment
+from trainer import gin_config
 from trainer import preemption
 from trainer import runtime as runtime_lib
 from trainer import task as task_lib
 from trainer import user_errors
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USAGE_EXIT_CODE = 2
 RUNTIME_ERROR_EXIT_CODE = 1
 TRAINING_MODES = ("train", "train_and_eval")
@@ -60,147 +57,6 @@ flags.DEFINE_bool("full_traceback", False, "On an error, print the full "
                   "traceback (TensorFlow's and Keras's frames included) "
                   "before the one-line summary; also set by the environment "
                   f"variable {user_errors.FULL_TRACEBACK_ENV}=1.")
-
-
-@gin.configurable("experiment")
-def configured_task(task: task_lib.Task = gin.REQUIRED) -> task_lib.Task:
-  """Returns the Task bound as `experiment.task = @SomeTask()`.
-
-  Args:
-    task: The Task instance to run, e.g. `@DigitsClassification()`.
-  """
-  if inspect.isclass(task) and issubclass(task, task_lib.Task):
-    raise errors.ConfigError(
-        f"`experiment.task = @{task.__name__}` passes the class; write "
-        f"`@{task.__name__}()` to pass an instance.")
-  if not isinstance(task, task_lib.Task):
-    raise errors.ConfigError(f"`experiment.task` must be a trainer.Task, got "
-                             f"{type(task).__name__}.")
-  return task
-
-
-def _registered_configurables() -> List[str]:
-  registry = getattr(gin.config, "_REGISTRY", None)
-  return sorted(name for name, _ in registry.items()) if registry else []
-
-
-def _parameter_names(configurable_name: str) -> List[str]:
-  registry = getattr(gin.config, "_REGISTRY", None)
-  try:
-    wrapped = registry.get_match(configurable_name).wrapped
-    target = wrapped.__init__ if inspect.isclass(wrapped) else wrapped
-    return [p for p in inspect.signature(target).parameters if p != "self"]
-  except Exception:  # Suggestions are best effort only.
-    return []
-
-
-def _suggestion(message: str) -> str:
-  """Returns ' (did you mean ...?)' for an unknown gin name, or ''."""
-  candidates, wrong = [], None
-  match = re.search(r"No configurable matching '([^']+)'", message)
-  if match:
-    wrong = match.group(1)
-    names = _registered_configurables()
-    # Compare like with like: bare names against bare names.
-    candidates = names + [n.rsplit(".", 1)[-1] for n in names]
-  match = re.search(
-      r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'",
-      message)
-  if match:
-    wrong = match.group(2)
-    candidates = _parameter_names(match.group(1))
-  close = difflib.get_close_matches(wrong, candidates, n=1) if wrong else []
-  return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-def _one_line(error: BaseException) -> str:
-  """Condenses a gin or validation error to `location: problem`."""
-  if isinstance(error, SyntaxError):
-    text = (error.msg or "").split(" (line")[0].rstrip(".")
-    bare = re.search(r"Failed to parse token '([\w.]+)'", text)
-    if text.startswith("malformed node or string") and bare:
-      # `x = MyTask()`: gin values are literals or `@references`.
-      text = (f"`{bare.group(1)}` is not a value: write `@{bare.group(1)}()` "
-              "for an instance of a configurable, or quote a string")
-    if error.filename:
-      return f"{error.filename}:{error.lineno}: gin syntax error: {text}"
-    where = f" in {error.text.strip()!r}" if (error.text or "").strip() else ""
-    return f"--gin_param: gin syntax error: {text}{where}"
-  message = str(error).strip() or type(error).__name__
-  lines = [line.strip() for line in message.splitlines() if line.strip()]
-  location = ""
-  for line in lines[1:]:
-    found = re.match(r'In file "([^"]+)", line (\d+)', line)
-    if found:
-      location = f"{found.group(1)}:{found.group(2)}: "
-      break
-    found = re.match(r"In bindings string line (\d+)", line)
-    if found:
-      location = "--gin_param: "
-      break
-  problem = lines[0] if lines else message
-  if isinstance(error, ImportError):
-    problem = f"cannot import: {problem}"
-  if "Required bindings for `experiment`" in problem:
-    problem = ("no task configured: bind `experiment.task = @SomeTask()` in a "
-               "gin file")
-  suggestion = _suggestion(message)
-  if suggestion:
-    problem = problem.rstrip(".")
-  return f"{location}{problem}{suggestion}"
-
-
-def load_config(gin_files: Sequence[str], gin_params: Sequence[str]
-                ) -> Tuple[task_lib.Task, runtime_lib.RuntimeConfig,
-                           experiment.TrainerConfig]:
-  """Parses gin and builds every configured object, validating each.
-
-  Raises:
-    errors.ConfigError: With a one-line description of the first problem.
-  """
-  gin.add_config_file_search_path(REPO_ROOT)
-  if not gin_files:
-    raise errors.ConfigError(
-        "no --gin_file given; try --gin_file=gin/digits.gin")
-  found = [_find_gin_file(path) for path in gin_files]
-  # Gin files may `import` a user's module kept in the working directory or
-  # beside the gin file, and name repository configs (`gin/digits.gin`)
-  # from anywhere.
-  module_dirs = [os.getcwd()] + [
-      os.path.dirname(path) for path in found
-      if not path.startswith(os.path.join(REPO_ROOT, "gin", ""))]
-  for directory in reversed(list(dict.fromkeys(module_dirs))):
-    if directory not in sys.path:
-      sys.path.insert(0, directory)
-  try:
-    gin.parse_config_files_and_bindings(gin_files, gin_params,
-                                        skip_unknown=False)
-    task = configured_task()
-    return task, runtime_lib.RuntimeConfig(), experiment.TrainerConfig()
-  except Exception as e:  # Gin re-raises the user's errors with context.
-    message = _one_line(e)
-    if isinstance(e, ModuleNotFoundError):
-      message += (" (looked in the working directory and beside the gin "
-                  f"files: {', '.join(dict.fromkeys(module_dirs))}; or add "
-                  "its directory to PYTHONPATH)")
-    raise errors.ConfigError(message) from e
-
-
-def _find_gin_file(path: str) -> str:
-  """Returns the absolute path of `path`, relative to the working directory
-  or to this repository.
-
-  Raises:
-    errors.ConfigError: If it is neither.
-  """
-  for base in ("", REPO_ROOT):
-    candidate = os.path.join(base, path)
-    if os.path.isfile(candidate):
-      return os.path.abspath(candidate)
-    if os.path.isdir(candidate):
-      raise errors.ConfigError(f"--gin_file: {path} is a directory, not a "
-                               "gin file.")
-  raise errors.ConfigError(f"--gin_file: no such file: {path}")
 
 
 def _check_model_dir(model_dir: Optional[str]) -> str:
@@ -366,7 +222,7 @@ def run_tool(main: Callable[..., None], program: str, example: str) -> None:
   if not gin_files:
     fail(f"give a task's gin file, e.g. {example}", program=program)
   try:
-    loaded = load_config(gin_files, FLAGS.gin_param)
+    loaded = gin_config.load_config(gin_files, FLAGS.gin_param)
   except errors.ConfigError as e:
     fail(str(e), program=program)
   app.run(lambda _: main(gin_files, *loaded), argv=argv[:1])
@@ -387,7 +243,7 @@ def run() -> None:
     fail(f"unexpected arguments: {' '.join(argv[1:])}")
   try:
     model_dir = _check_model_dir(FLAGS.model_dir)
-    loaded = load_config(FLAGS.gin_file, FLAGS.gin_param)
+    loaded = gin_config.load_config(FLAGS.gin_file, FLAGS.gin_param)
   except errors.ConfigError as e:
     fail(str(e))
   config = loaded[2]

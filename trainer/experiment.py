@@ -22,6 +22,7 @@ from trainer import config as config_lib
 from trainer import console
 from trainer import continuous_eval
 from trainer import controller as controller_lib
+from trainer import data_service
 from trainer import errors
 from trainer import evaluator as evaluator_lib
 from trainer import exports
@@ -29,6 +30,7 @@ from trainer import gradients
 from trainer import inputs as inputs_lib
 from trainer import model_dir as model_dir_lib
 from trainer import parameter_server
+from trainer import placement
 from trainer import preemption
 from trainer import profiler
 from trainer import rollback
@@ -94,14 +96,29 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
     controller = _controller(parts, write_dir, restore_dir,
                              watcher if parts.training else None,
                              early_stopping)
-    if parts.resume_input_fn is not None and controller.step:
-      # The chief's checkpoint cannot hold every worker's iterator (and some
-      # pipelines cannot be saved at all): skip what was consumed instead.
-      skipped = parts.resume_input_fn(controller.step)
-      console.info(f"input | resuming: skips the {skipped} batch(es) trained "
-                   "on before")
-    return _run_mode(parts, controller, mode, model_dir, write_dir,
-                     early_stopping)
+    if controller.step:
+      _resume_input(parts, controller.step)
+    stall_warning = (
+        data_service.StallWarning(parts.runtime, lambda: controller.step)
+        if parts.training and parts.runtime.data_service
+        else contextlib.nullcontext())
+    with stall_warning:
+      return _run_mode(parts, controller, mode, model_dir, write_dir,
+                       early_stopping)
+
+
+def _resume_input(parts: "_Parts", step: int) -> None:
+  """Puts the training input where a run resumed at `step` left it, where
+  the iterator is not in the checkpoint."""
+  if parts.resume_input_fn is not None:
+    # The chief's checkpoint cannot hold every worker's iterator (and some
+    # pipelines cannot be saved at all): skip what was consumed instead.
+    skipped = parts.resume_input_fn(step)
+    console.info(f"input | resuming: skips the {skipped} batch(es) trained "
+                 "on before")
+  elif parts.restarts_input:
+    console.info("input | resuming: the training input starts again from "
+                 "its first batch (its position is not in the checkpoint)")
 
 
 @dataclasses.dataclass
@@ -121,6 +138,8 @@ class _Parts:
     evaluator: Orbit evaluator, when evaluating.
     resume_input_fn: Skips consumed input on resume where the iterator is
       not in the checkpoint; None otherwise.
+    restarts_input: Whether a resumed run reads the training input from
+      its start.
     features_spec: The eval input's features, for export signatures.
   """
   task: task_lib.Task
@@ -134,6 +153,7 @@ class _Parts:
   trainer: Optional[runners.TaskTrainer] = None
   evaluator: Optional[evaluator_lib.TaskEvaluator] = None
   resume_input_fn: Optional[Callable[[int], int]] = None
+  restarts_input: bool = False
   features_spec: Any = None
 
   def export(self, directory: str) -> None:
@@ -159,11 +179,12 @@ def _build(task: task_lib.Task, mode: str,
   logging.info("strategy %s with %d replica(s); worker %d of %d",
                type(strategy).__name__, strategy.num_replicas_in_sync,
                worker.worker_index, worker.num_workers)
-  train_input, eval_input = _inputs(task, strategy, config, runtime, worker,
-                                    training, evaluating)
+  train_input, eval_input = inputs_lib.for_mode(
+      task, strategy, config, runtime, worker, training, evaluating)
   state = state_lib.build(
       task, strategy, (train_input or eval_input).dataset.element_spec,
       config, runtime, training=training, replica_factor=replica_factor)
+  _report_placement(state)
   parts = _Parts(
       task=task, config=config, runtime=runtime, worker=worker,
       training=training, evaluating=evaluating, state=state,
@@ -175,15 +196,28 @@ def _build(task: task_lib.Task, mode: str,
     position = parts.trainer.input_resumption(config.input_position,
                                               worker.num_workers)
     if position == "checkpoint":
-      items["train_iterator"] = parts.trainer.train_iterator
+      items[checkpoints.INPUT_POSITION] = parts.trainer.train_iterator
     elif position == "skip":
       parts.resume_input_fn = parts.trainer.skip_input
+    parts.restarts_input = position == "restart"
   if evaluating:
     parts.evaluator = evaluator_lib.TaskEvaluator(
         task, state.model, strategy, eval_input, state.global_step,
         run_eagerly=runtime.run_eagerly, weights=state.averaged_weights)
   parts.checkpoint = tf.train.Checkpoint(**items)
   return parts
+
+
+def _report_placement(state: state_lib.TrainState) -> None:
+  """Says where the variables live, read back from them, when a model is
+  split over devices or its variables over parameter servers."""
+  lines = []
+  if placement.active() or parameter_server.uses(state.strategy):
+    lines = placement.variables_by_device(state.model)
+  if parameter_server.uses(state.strategy):
+    lines += parameter_server.shard_lines(state.model.variables)
+  for line in lines:
+    console.info(f"placement | {line}")
 
 
 def _rescale(config: TrainerConfig,
@@ -198,30 +232,6 @@ def _rescale(config: TrainerConfig,
         f"{config.global_batch_size}, eval batch {config.eval_batch_size}, "
         f"learning rate x{replica_factor:g}")
   return config, replica_factor
-
-
-def _inputs(task: task_lib.Task, strategy: tf.distribute.Strategy,
-            config: TrainerConfig, runtime: runtime_lib.RuntimeConfig,
-            worker: cluster.WorkerInfo, training: bool, evaluating: bool
-            ) -> Tuple[Optional[inputs_lib.DistributedInput],
-                       Optional[inputs_lib.DistributedInput]]:
-  """Builds the train and eval inputs the mode needs (None for the other)."""
-  train_input = eval_input = None
-  if training:
-    train_input = inputs_lib.for_task(task, True, strategy, config, runtime,
-                                      worker)
-    if worker.num_workers > 1:
-      context = train_input.input_context
-      console.info(f"input | worker {worker.worker_index} reads input "
-                   f"pipeline {context.input_pipeline_id} of "
-                   f"{context.num_input_pipelines}")
-  if evaluating or config.export.at_end:
-    eval_input = inputs_lib.for_task(task, False, strategy, config, runtime,
-                                     worker)
-    if evaluating:  # -1 (UNKNOWN) or -2 (INFINITE): checked as it runs.
-      inputs_lib.check_validation_steps(
-          config.validation_steps, int(eval_input.dataset.cardinality()))
-  return train_input, eval_input
 
 
 def _trainer(task: task_lib.Task, state: state_lib.TrainState,

@@ -10,13 +10,16 @@ batch is split into per-replica slices inside the step function with
 split path measured slightly faster than a distributed iterator.
 """
 
-from typing import Callable, Optional
+import functools
+from typing import Callable, Optional, Tuple
 import weakref
 
 from absl import logging
 import tensorflow as tf
 
 from trainer import cluster
+from trainer import console
+from trainer import data_service
 from trainer import errors
 from trainer import task as task_lib
 
@@ -42,6 +45,31 @@ def examples_from_blocks(blocks: tf.data.Dataset) -> tf.data.Dataset:
   examples = blocks.unbatch()
   _BLOCKS[examples] = blocks
   return examples
+
+
+def examples_from_arrays(arrays, training: bool,
+                         input_context: Optional[tf.distribute.InputContext],
+                         seed: int = 0) -> tf.data.Dataset:
+  """Returns this input pipeline's examples of a split held in memory, for
+  `Task.build_inputs`.
+
+  With several input pipelines each keeps every n-th example, from its own
+  index on; training examples come in a seeded order drawn anew every epoch.
+
+  Args:
+    arrays: An array, or a tuple or dict of them, one example per row.
+    training: Shuffle (the training split) or keep the order.
+    input_context: Which of how many input pipelines this is.
+    seed: Seeds the order.
+  """
+  dataset = tf.data.Dataset.from_tensor_slices(arrays)
+  if input_context and input_context.num_input_pipelines > 1:
+    dataset = dataset.shard(input_context.num_input_pipelines,
+                            input_context.input_pipeline_id)
+  if training:
+    dataset = dataset.shuffle(len(tf.nest.flatten(arrays)[0]), seed=seed,
+                              reshuffle_each_iteration=True)
+  return dataset
 
 
 def per_replica_batch_size(global_batch_size: int, num_replicas: int,
@@ -77,7 +105,9 @@ class DistributedInput:
                shard: bool = True, private_threads: int = 0,
                batch_fn: Optional[BatchFn] = None,
                batch_fn_parallel_calls: int = 0,
-               deterministic: bool = True):
+               deterministic: bool = True,
+               remote: Optional[Callable[[tf.data.Dataset],
+                                         tf.data.Dataset]] = None):
     """Builds the worker's dataset.
 
     Args:
@@ -101,6 +131,10 @@ class DistributedInput:
         (`AUTOTUNE`).
       deterministic: Keep the elements' order where tf.data could trade it
         for speed (parallel map and interleave).
+      remote: Has the batches produced elsewhere: takes the pipeline up to
+        here (examples, batching, `batch_fn`) and returns the dataset that
+        reads its batches (`data_service.distribute`). Its iterator cannot
+        be checkpointed.
     """
     self._strategy = strategy
     num_replicas = strategy.num_replicas_in_sync
@@ -119,6 +153,7 @@ class DistributedInput:
     self._batch_fn = batch_fn
     self._batch_fn_parallel_calls = batch_fn_parallel_calls or None
     self._deterministic = deterministic
+    self._remote = remote
     self.dataset = self.build()
 
   def build(self, shard_examples: Optional[Callable[
@@ -152,12 +187,26 @@ class DistributedInput:
       dataset = dataset.enumerate().map(
           lambda index, batch: batch_fn(batch, tf.stack([pipeline, index])),
           num_parallel_calls=self._batch_fn_parallel_calls)
-    dataset = dataset.prefetch(tf.data.AUTOTUNE)
     options = tf.data.Options()
     options.deterministic = self._deterministic
     if self._private_threads:
       options.threading.private_threadpool_size = self._private_threads
-    return dataset.with_options(options)
+    # Before `remote`: the options travel with the pipeline to where it runs.
+    dataset = dataset.with_options(options)
+    if self._remote is not None:
+      dataset = self._remote(dataset)
+    return dataset.prefetch(tf.data.AUTOTUNE)
+
+  @property
+  def remote(self) -> bool:
+    """Whether the batches are produced elsewhere (tf.data service); an
+    iterator over them cannot be checkpointed."""
+    return self._remote is not None
+
+  def checkpointable(self) -> bool:
+    """Whether an iterator over `dataset` can be saved in a checkpoint;
+    warns why not when it cannot."""
+    return not self.remote and is_checkpointable(self.dataset)
 
   def per_worker_dataset_fn(self, num_workers: int
                             ) -> Callable[[], tf.data.Dataset]:
@@ -291,7 +340,8 @@ def for_task(task: task_lib.Task, training: bool,
   Training input pipelines each read their own shard; every worker
   evaluates the whole eval split (the same number of steps everywhere, so no
   collective waits on a worker with fewer batches, and the metrics, summed
-  over all replicas, keep their ratios).
+  over all replicas, keep their ratios). With `runtime.data_service`, the
+  training batches come from the tf.data service; evaluation reads here.
 
   Args:
     task: Supplies `build_inputs` and `preprocess_batch`.
@@ -317,4 +367,37 @@ def for_task(task: task_lib.Task, training: bool,
       batch_fn=(preprocess if task_lib.overrides(task, "preprocess_batch")
                 else None),
       batch_fn_parallel_calls=runtime.dataset_batch_parallel_calls,
-      deterministic=runtime.dataset_deterministic)
+      deterministic=runtime.dataset_deterministic,
+      remote=(functools.partial(data_service.distribute, runtime=runtime)
+              if training and runtime.data_service else None))
+
+
+def for_mode(task: task_lib.Task, strategy: tf.distribute.Strategy, config,
+             runtime, worker: cluster.WorkerInfo, training: bool,
+             evaluating: bool
+             ) -> Tuple[Optional[DistributedInput], Optional[DistributedInput]]:
+  """Builds the train and eval inputs a mode needs (None for the other), and
+  says where the training input comes from.
+
+  Raises:
+    errors.ConfigError: For `trainer.validation_steps` beyond a known eval
+      set, or a tf.data service that cannot be reached.
+  """
+  train_input = eval_input = None
+  if training:
+    if runtime.data_service:
+      data_service.check_reachable(runtime)
+    train_input = for_task(task, True, strategy, config, runtime, worker)
+    if worker.num_workers > 1:
+      context = train_input.input_context
+      console.info(f"input | worker {worker.worker_index} reads input "
+                   f"pipeline {context.input_pipeline_id} of "
+                   f"{context.num_input_pipelines}")
+    if runtime.data_service:
+      console.info(data_service.describe(runtime))
+  if evaluating or config.export.at_end:
+    eval_input = for_task(task, False, strategy, config, runtime, worker)
+    if evaluating:  # -1 (UNKNOWN) or -2 (INFINITE): checked as it runs.
+      check_validation_steps(config.validation_steps,
+                             int(eval_input.dataset.cardinality()))
+  return train_input, eval_input

@@ -1,5 +1,6 @@
 """Parameter-server training, in one place: what each role runs, the
-coordinator, and the trainer that schedules steps on the workers.
+strategy and how it shards variables, the coordinator, and the trainer that
+schedules steps on the workers.
 
 It runs on TensorFlow's own machinery. TF_CONFIG names chief, worker and ps
 tasks (and optionally an `evaluator`). Workers and parameter servers start a
@@ -7,21 +8,38 @@ tasks (and optionally an `evaluator`). Workers and parameter servers start a
 the chief builds a `ParameterServerStrategy` and a `ClusterCoordinator`,
 which schedules each step on a free worker; the evaluator task evaluates the
 chief's checkpoints as a sidecar (`--mode=continuous_eval`, no strategy).
+
+Variables too large for one parameter server are split along their first
+axis by one of TensorFlow's partitioners (`runtime.variable_partitioner`),
+into a `ShardedVariable` whose shards sit on different ps tasks. A
+checkpoint holds each sharded variable whole (its optimizer slots too), so
+it restores under any other strategy, and any checkpoint restores into
+shards (tests/test_sharded_variables.py).
 """
 
 import dataclasses
+import inspect
 import math
-from typing import Optional
+from typing import Any, Dict, List, Optional
 
 from absl import logging
 import tensorflow as tf
 
+from trainer import checks
 from trainer import cluster
 from trainer import config as config_lib
 from trainer import console
 from trainer import errors
+from trainer import placement
 from trainer import runners
-from trainer import runtime as runtime_lib
+
+# `runtime.variable_partitioner` -> TensorFlow's partitioner class.
+PARTITIONERS = {
+    "min_size": tf.distribute.experimental.partitioners.MinSizePartitioner,
+    "max_size": tf.distribute.experimental.partitioners.MaxSizePartitioner,
+    "fixed_shards":
+        tf.distribute.experimental.partitioners.FixedShardsPartitioner,
+}
 
 
 def uses(strategy: tf.distribute.Strategy) -> bool:
@@ -30,9 +48,115 @@ def uses(strategy: tf.distribute.Strategy) -> bool:
                     tf.distribute.experimental.ParameterServerStrategy)
 
 
-def role_runtime(runtime: runtime_lib.RuntimeConfig, mode: str,
+def check_partitioner(strategy: str, name: Optional[str],
+                      args: Optional[Dict[str, Any]]) -> None:
+  """Checks `runtime.variable_partitioner` and its arguments by building
+  the partitioner.
+
+  Raises:
+    errors.ConfigError: For a partitioner without `parameter_server`, an
+      unknown name, or arguments its class does not take or refuses.
+  """
+  if name is None:
+    if args is not None:
+      raise errors.ConfigError(
+          "`runtime.variable_partitioner_args` needs "
+          "`runtime.variable_partitioner`.")
+    return
+  if strategy != "parameter_server":
+    raise errors.ConfigError(
+        "`runtime.variable_partitioner` shards variables over parameter "
+        f"servers: it needs 'parameter_server', not '{strategy}'.")
+  _partitioner(name, args)
+
+
+def _partitioner(name: str, args: Optional[Dict[str, Any]]):
+  """Builds TensorFlow's partitioner `name` with `args`.
+
+  Raises:
+    errors.ConfigError: See `check_partitioner`.
+  """
+  if name not in PARTITIONERS:
+    raise errors.ConfigError(
+        f"`runtime.variable_partitioner` ({name!r}) must be None or one of: "
+        f"{', '.join(PARTITIONERS)}.")
+  if args is not None and not isinstance(args, dict):
+    raise errors.ConfigError(
+        f"`runtime.variable_partitioner_args` ({args!r}) must be a dict of "
+        "keyword arguments, or None.")
+  args = args or {}
+  partitioner_class = PARTITIONERS[name]
+  parameters = inspect.signature(partitioner_class).parameters
+  unknown = sorted(set(args) - set(parameters))
+  if unknown:
+    raise errors.ConfigError(
+        f"`runtime.variable_partitioner_args` has {', '.join(unknown)}, "
+        f"which '{name}' does not take; it takes: "
+        f"{', '.join(parameters)}.")
+  missing = [p.name for p in parameters.values()
+             if p.default is p.empty and p.name not in args]
+  if missing:
+    raise errors.ConfigError(
+        f"`runtime.variable_partitioner` '{name}' needs "
+        f"`runtime.variable_partitioner_args` with {', '.join(missing)}.")
+  for arg, value in args.items():
+    # Every argument of TensorFlow's partitioners is a count of bytes or of
+    # shards; `max_shards` of 'max_size' may be None (no limit).
+    checks.require(
+        (checks.is_int(value) and value > 0) or (
+            value is None and parameters[arg].default is None),
+        f"`runtime.variable_partitioner_args` {arg} ({value!r}) must be a "
+        "positive integer.")
+  return partitioner_class(**args)
+
+
+def create_strategy(partitioner: Optional[str],
+                    partitioner_args: Optional[Dict[str, Any]]
+                    ) -> tf.distribute.Strategy:
+  """Builds the chief's `ParameterServerStrategy` from TF_CONFIG.
+
+  Model Garden's `distribute_utils` builds one without a partitioner, so
+  this builds it directly.
+
+  Raises:
+    errors.ConfigError: Without TF_CONFIG.
+  """
+  if cluster.read_tf_config() is None:
+    raise errors.ConfigError(
+        "'parameter_server' needs TF_CONFIG with chief, worker and ps tasks.")
+  return tf.distribute.experimental.ParameterServerStrategy(
+      tf.distribute.cluster_resolver.TFConfigClusterResolver(),
+      variable_partitioner=(_partitioner(partitioner, partitioner_args)
+                            if partitioner else None))
+
+
+def shard_lines(variables: List[tf.Variable]) -> List[str]:
+  """Returns a line per sharded variable: its shards and the ps task each
+  sits on, read back from the variables.
+
+  E.g. `embedding/embeddings [65536, 16] in 2 shards: [32768, 16] on
+  /job:ps/task:1/device:CPU:0, [32768, 16] on /job:ps/task:0/device:CPU:0`.
+  """
+  lines, seen = [], set()
+  for variable in variables:
+    sharded = getattr(variable, "_sharded_container", None)
+    container = sharded() if callable(sharded) else None
+    if container is None or id(container) in seen:
+      continue
+    seen.add(id(container))
+    parts = ", ".join(
+        f"{shard.shape.as_list()} on {placement.short_device(shard.device)}"
+        for shard in container.variables)
+    # The strategy names the shards `<name>/part_<i>`, not the container.
+    name = container.variables[0].name.split(":")[0].rsplit("/part_", 1)[0]
+    lines.append(f"{name} {container.shape.as_list()} in "
+                 f"{len(container.variables)} shards: {parts}")
+  return lines
+
+
+def role_runtime(runtime: "trainer.runtime.RuntimeConfig", mode: str,
                  config: config_lib.TrainerConfig
-                 ) -> Optional[runtime_lib.RuntimeConfig]:
+                 ) -> Optional["trainer.runtime.RuntimeConfig"]:
   """Acts on this process's role in the cluster.
 
   Returns:

@@ -18,6 +18,7 @@ from tensorflow.python.framework import config as framework_config
 import tf_keras
 
 from trainer import console
+from trainer import data_service
 from trainer import errors
 from trainer import gradients
 from trainer import inputs as inputs_lib
@@ -176,6 +177,8 @@ class TaskTrainer(orbit.StandardTrainer):
       errors.ConfigError: If the input ends: it repeats forever, so it holds
         no complete batch at all. (Only here: a save failing for a file-size
         limit raises `OutOfRangeError` too, and is no input problem.)
+      errors.RunError: If the tf.data service no longer knows this run's
+        job.
     """
     try:
       return super().train(num_steps)
@@ -183,6 +186,10 @@ class TaskTrainer(orbit.StandardTrainer):
       raise errors.ConfigError(
           "the training dataset yields no batch: it is empty, or smaller "
           "than one batch.") from e
+    except tf.errors.NotFoundError as e:
+      if not self._input.remote:
+        raise
+      raise data_service.lost_job(e) from e
 
   def input_resumption(self, input_position: str, num_workers: int) -> str:
     """Returns how a restarted run finds its place in the input.
@@ -196,11 +203,16 @@ class TaskTrainer(orbit.StandardTrainer):
       "checkpoint" (checkpoint `train_iterator`), "skip" (call
       `skip_input` with the restored step) or "restart".
     """
-    if (input_position == "checkpoint" and num_workers == 1 and
-        inputs_lib.is_checkpointable(self._input.dataset)):
+    if input_position != "checkpoint":
+      return input_position
+    if self._input.remote:
+      # The service's batches come in no reproducible order: skipping would
+      # read and drop as many through it without finding the saved place.
+      return "restart"
+    if num_workers == 1 and self._input.checkpointable():
       return "checkpoint"
     # Some pipelines cannot be saved at all: skip what was consumed instead.
-    return "restart" if input_position == "restart" else "skip"
+    return "skip"
 
   def skip_input(self, num_batches: int) -> int:
     """Restarts the input after its first `num_batches` batches.

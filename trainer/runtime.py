@@ -7,7 +7,7 @@ tf_keras mixed-precision policy through `official.modeling.performance`.
 """
 
 import dataclasses
-from typing import Optional, Union
+from typing import Any, Dict, Optional, Union
 
 import gin
 import tensorflow as tf
@@ -18,7 +18,10 @@ from official.utils.misc import keras_utils
 
 from trainer import checks
 from trainer import cluster
+from trainer import data_service
 from trainer import errors
+from trainer import parameter_server
+from trainer import placement
 
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored",
               "parameter_server", "central_storage", "tpu")
@@ -75,6 +78,26 @@ class RuntimeConfig:
     dataset_deterministic: Keep the input's element order where tf.data
       could trade it for speed (parallel map and interleave); False may be
       faster, but then neither reruns nor resumed runs see the same batches.
+    model_parallel_devices: Place parts of the model on this many devices
+      (GPUs, else logical CPUs), for a Task that places them
+      (`trainer.placement`); 0 or 1 turns it off. Needs the `default`
+      strategy.
+    variable_partitioner: Shard large variables over the parameter servers
+      (`parameter_server` only): None, `min_size`, `max_size` or
+      `fixed_shards` (TensorFlow's `MinSizePartitioner`,
+      `MaxSizePartitioner`, `FixedShardsPartitioner`).
+    variable_partitioner_args: The partitioner's keyword arguments, e.g.
+      `{"max_shard_bytes": 1048576}` for `max_size`, `{"num_shards": 2}` for
+      `fixed_shards`; None for its defaults.
+    data_service: A tf.data service dispatcher address
+      (`grpc://host:port`): the training input is then produced by its
+      workers (`scripts/data_service.py` starts both); None reads it here.
+    data_service_mode: `distributed_epoch` (each data worker reads a part
+      of the data: every example once per epoch) or `parallel_epochs`
+      (each data worker reads all of it, in its own order).
+    data_service_job_name: Trainers naming the same job share one stream
+      of batches (each batch goes to one of them); None gives each trainer
+      its own.
   """
   distribution_strategy: str = "default"
   mixed_precision_dtype: str = "float32"
@@ -95,6 +118,12 @@ class RuntimeConfig:
   dataset_num_private_threads: int = 0
   dataset_batch_parallel_calls: int = 0
   dataset_deterministic: bool = True
+  model_parallel_devices: int = 0
+  variable_partitioner: Optional[str] = None
+  variable_partitioner_args: Optional[Dict[str, Any]] = None
+  data_service: Optional[str] = None
+  data_service_mode: str = "distributed_epoch"
+  data_service_job_name: Optional[str] = None
 
   def __post_init__(self):
     checks.choice("runtime.distribution_strategy", self.distribution_strategy,
@@ -119,6 +148,7 @@ class RuntimeConfig:
     self._check_cluster()
     self._check_threads()
     self._check_devices()
+    self._check_scale_out()
 
   def _check_devices(self) -> None:
     """Checks the strategy against the devices and compilation asked for."""
@@ -150,6 +180,33 @@ class RuntimeConfig:
             self.num_gpus <= 1 and self.num_cpu_devices <= 1),
         f"'{self.distribution_strategy}' runs on one device; use "
         "`runtime.distribution_strategy='mirrored'` for several.")
+
+  def _check_scale_out(self) -> None:
+    """Checks model parallelism, sharded variables and the data service
+    against the strategy."""
+    strategy = self.distribution_strategy
+    checks.integer("runtime.model_parallel_devices",
+                   self.model_parallel_devices, minimum=0)
+    if self.model_parallel_devices > 1:
+      # Measured: OneDeviceStrategy creates every variable on its one
+      # device, whatever `tf.device` the Task asks for.
+      checks.require(
+          strategy == "default",
+          "`runtime.model_parallel_devices` needs `runtime.distribution_"
+          f"strategy='default'`, not '{strategy}': 'one_device' puts every "
+          "variable on its one device, and data-parallel strategies copy the "
+          "whole model to each replica.")
+      checks.require(
+          self.num_cpu_devices <= 1 and self.num_gpus == 0,
+          "`runtime.model_parallel_devices` picks its devices itself: leave "
+          "`runtime.num_cpu_devices` and `runtime.num_gpus` unset.")
+      checks.require(
+          not self.enable_xla,
+          "`runtime.enable_xla` compiles the step for one device; it cannot "
+          "be used with `runtime.model_parallel_devices`.")
+    parameter_server.check_partitioner(
+        strategy, self.variable_partitioner, self.variable_partitioner_args)
+    data_service.check(self)
 
   def _check_cluster(self) -> None:
     """Checks the multi-worker and TPU fields against the strategy."""
@@ -250,14 +307,15 @@ def create_strategy(config: RuntimeConfig) -> tf.distribute.Strategy:
   """
   configure_threads(config)
   configure_devices(config)
+  placement.configure(config.model_parallel_devices)
   strategy = config.distribution_strategy
   if strategy == "default":
     return tf.distribute.get_strategy()
   if strategy == "multi_worker_mirrored":
     cluster.configure(config.worker_hosts, config.task_index)
-  if strategy == "parameter_server" and cluster.read_tf_config() is None:
-    raise errors.ConfigError(
-        "'parameter_server' needs TF_CONFIG with chief, worker and ps tasks.")
+  if strategy == "parameter_server":
+    return parameter_server.create_strategy(
+        config.variable_partitioner, config.variable_partitioner_args)
   if strategy == "central_storage":
     # `distribute_utils` has no central storage; variables on the CPU, compute
     # on every GPU (or the CPU when there is none).

@@ -228,8 +228,12 @@ class TrainReporter:
       console.warning(
           f"input-bound: the steps to {step} waited for the input pipeline "
           f"{100 * fraction:.0f}% of the time (`input_wait_fraction` in the "
-          "train summaries). Do per-batch work in `Task.preprocess_batch`, "
-          "raise `runtime.dataset_batch_parallel_calls`, or cache decoded "
-          "data; python scripts/benchmark_input.py measures the pipeline "
-          "alone. (Tiny models wait for any input.)")
+          "train summaries). Remedies: per-batch work in "
+          "`Task.preprocess_batch` and cached decoded data; parallel calls "
+          "(`runtime.dataset_batch_parallel_calls`) and a private thread "
+          "pool (`runtime.dataset_num_private_threads`) where cores are "
+          "idle; other hosts' CPUs through the tf.data service "
+          "(`runtime.data_service`, scripts/data_service.py). python "
+          "scripts/benchmark_input.py measures the pipeline alone. (Tiny "
+          "models wait for any input.)")
     return fraction

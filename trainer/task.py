@@ -17,6 +17,7 @@ from trainer import errors
 from trainer import exports
 from trainer import gradients
 from trainer import optimization
+from trainer import placement
 from trainer import warm_start as warm_start_lib
 
 Logs = Dict[str, Any]
@@ -216,7 +217,8 @@ class Task:
       is_loss_scaled = isinstance(optimizer,
                                   tf_keras.mixed_precision.LossScaleOptimizer)
       tape_loss = optimizer.get_scaled_loss(loss) if is_loss_scaled else loss
-    grads = tape.gradient(tape_loss, model.trainable_variables)
+    # On each part's device when the model is split (`trainer.placement`).
+    grads = placement.gradients(tape, tape_loss, model.trainable_variables)
     if is_loss_scaled:
       grads = optimizer.get_unscaled_gradients(grads)
     return loss, grads, outputs

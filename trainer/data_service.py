@@ -1,0 +1,202 @@
+"""tf.data service: the training input produced by other processes.
+
+When one host's CPUs cannot feed training, TensorFlow's tf.data service
+runs the input pipeline on data workers elsewhere: a dispatcher
+(`tf.data.experimental.service.DispatchServer`) hands the pipeline, as a
+serialised dataset graph, to its workers (`WorkerServer`s), and the trainer
+reads finished batches from them over gRPC. `scripts/data_service.py`
+starts a dispatcher or a worker process; `runtime.data_service` names the
+dispatcher, and `distribute` routes the training input through it.
+
+What the workers run is everything `DistributedInput` builds before
+prefetching: the Task's `build_inputs`, the framework's batching and the
+Task's `preprocess_batch`. The pipeline must be pure TensorFlow (no
+`py_function` or generator: a worker cannot run the trainer's Python), and
+its ops must be registered in the worker (`scripts/data_service.py`
+imports tensorflow-text for that).
+
+Resuming: the service's iterator cannot be saved in a checkpoint
+(`SaveInternal is not yet supported`, measured), and its batches come in
+the order workers finish them. A resumed run reads the pipeline from its
+start again (`trainer.input_position='skip'` instead reads and drops as many
+batches as were trained on, through the service: an approximation, since
+the order is not reproducible).
+"""
+
+import re
+import socket
+import threading
+import time
+from typing import Callable
+
+import tensorflow as tf
+
+from trainer import checks
+from trainer import console
+from trainer import errors
+
+MODES = ("distributed_epoch", "parallel_epochs")
+# The strategies whose trainer is one process reading one input pipeline.
+STRATEGIES = ("default", "one_device", "mirrored", "central_storage")
+_ADDRESS = re.compile(r"^(grpc://)?[^:/\s]+:\d{1,5}$")
+_SHARDING = {
+    # Each worker reads splits of the source (an epoch counter, a file
+    # list) handed out by the dispatcher: every example once per epoch.
+    "distributed_epoch": tf.data.experimental.service.ShardingPolicy.DYNAMIC,
+    # Each worker runs the whole pipeline on its own.
+    "parallel_epochs": tf.data.experimental.service.ShardingPolicy.OFF,
+}
+
+
+def check(runtime) -> None:
+  """Checks the `runtime.data_service*` settings of a `RuntimeConfig`.
+
+  Raises:
+    errors.ConfigError: For a malformed address, an unknown mode, a job
+      name without a service, a strategy with several trainer processes, or
+      `runtime.deterministic`.
+  """
+  checks.choice("runtime.data_service_mode", runtime.data_service_mode,
+                MODES)
+  if runtime.data_service is None:
+    checks.require(
+        runtime.data_service_job_name is None,
+        "`runtime.data_service_job_name` needs `runtime.data_service`.")
+    return
+  checks.require(
+      isinstance(runtime.data_service, str) and
+      bool(_ADDRESS.match(runtime.data_service)),
+      f"`runtime.data_service` ({runtime.data_service!r}) must be the "
+      "dispatcher's address, `grpc://host:port` (or `host:port`).")
+  checks.require(
+      runtime.data_service_job_name is None or (
+          isinstance(runtime.data_service_job_name, str) and
+          runtime.data_service_job_name),
+      f"`runtime.data_service_job_name` ({runtime.data_service_job_name!r}) "
+      "must be a non-empty string or None.")
+  checks.require(
+      runtime.distribution_strategy in STRATEGIES,
+      "`runtime.data_service` feeds a trainer that is one process ("
+      f"{', '.join(STRATEGIES)}), not '{runtime.distribution_strategy}'.")
+  checks.require(
+      not runtime.deterministic,
+      "`runtime.deterministic` cannot be used with `runtime.data_service`: "
+      "its workers hand out batches in the order they finish them, so no "
+      "rerun or resumed run sees the same batches.")
+
+
+def address(runtime) -> str:
+  """Returns the dispatcher's address with its protocol, `grpc://host:port`."""
+  service = runtime.data_service
+  return service if service.startswith("grpc://") else f"grpc://{service}"
+
+
+def distribute(dataset: tf.data.Dataset, runtime) -> tf.data.Dataset:
+  """Returns `dataset` produced by the tf.data service `runtime` names.
+
+  Args:
+    dataset: The pipeline the data workers run.
+    runtime: A `RuntimeConfig` with `data_service` set.
+  """
+  return dataset.apply(tf.data.experimental.service.distribute(
+      processing_mode=_SHARDING[runtime.data_service_mode],
+      service=address(runtime), job_name=runtime.data_service_job_name))
+
+
+def describe(runtime) -> str:
+  """Returns a line saying where the training batches come from."""
+  job = runtime.data_service_job_name
+  return (f"input | training batches from the tf.data service at "
+          f"{address(runtime)} ({runtime.data_service_mode}"
+          f"{f', shared job {job!r}' if job else ''})")
+
+
+def lost_job(error: tf.errors.NotFoundError) -> errors.RunError:
+  """Says what a `NotFoundError` from the service's client means.
+
+  Seen after a dispatcher without a journal was restarted, in two
+  wordings: "Unknown iteration client id" (asking the dispatcher) or
+  "Iteration id ... not found" (asking a worker).
+  """
+  cause = (error.message.strip().splitlines() or [""])[0]
+  return errors.RunError(
+      "the tf.data service lost this run's job (a dispatcher restarted "
+      "without `--work_dir` keeps none): run the same command again to "
+      f"resume from the newest checkpoint. ({cause})")
+
+
+def check_reachable(runtime, timeout: float = 10.0) -> None:
+  """Raises unless the dispatcher accepts connections.
+
+  TensorFlow's client retries an unreachable dispatcher forever, silently
+  (measured: a run pointed at a closed port stayed at its first line).
+
+  Raises:
+    errors.ConfigError: Naming the address and the socket's error.
+  """
+  host, port = address(runtime).removeprefix("grpc://").rsplit(":", 1)
+  try:
+    socket.create_connection((host, int(port)), timeout=timeout).close()
+  except OSError as e:
+    raise errors.ConfigError(
+        f"no tf.data service dispatcher at {address(runtime)} "
+        f"(`runtime.data_service`): {e.strerror or e}; start one with "
+        f"python scripts/data_service.py --port={port}") from e
+
+
+class StallWarning:
+  """Warns when training stops advancing while it reads from the service.
+
+  The service's client waits for batches as long as it takes: with no
+  worker alive (none started yet, or all stopped) or the dispatcher down, a
+  run would stay silent at its last line (measured). This context runs a thread that prints one
+  warning per stall, after `seconds` without a new step (twice as long
+  before the first, which includes tracing). Training goes on waiting, for
+  a worker may come; SIGTERM still stops it.
+  """
+
+  def __init__(self, runtime, progress_fn: Callable[[], int],
+               seconds: float = 60.0, poll_seconds: float = 1.0,
+               clock: Callable[[], float] = time.monotonic):
+    """Creates the warning.
+
+    Args:
+      runtime: The `RuntimeConfig` naming the service.
+      progress_fn: Returns the step reached (the controller's).
+      seconds: How long without a new step makes a stall.
+      poll_seconds: How often the thread looks.
+      clock: Seconds, injectable for tests.
+    """
+    self._address = address(runtime)
+    self._progress_fn = progress_fn
+    self._seconds = seconds
+    self._poll_seconds = poll_seconds
+    self._clock = clock
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._watch, daemon=True,
+                                    name="data_service_stall_warning")
+
+  def __enter__(self) -> "StallWarning":
+    self._thread.start()
+    return self
+
+  def __exit__(self, *unused_exc_info) -> None:
+    self._stop.set()
+    self._thread.join()
+
+  def _watch(self) -> None:
+    step, since, limit, warned = self._progress_fn(), self._clock(), (
+        2 * self._seconds), False
+    while not self._stop.wait(self._poll_seconds):
+      if self._progress_fn() != step:
+        step, since, limit, warned = (self._progress_fn(), self._clock(),
+                                      self._seconds, False)
+      elif not warned and self._clock() - since > limit:
+        warned = True
+        console.warning(
+            f"training has not advanced from step {step} for "
+            f"{self._clock() - since:.0f} s; it reads its batches from the "
+            f"tf.data service at {self._address}, which waits while the "
+            "dispatcher is down or no worker is alive: start one with "
+            "python scripts/data_service.py --port=PORT --dispatcher="
+            f"{self._address.removeprefix('grpc://')}")
