@@ -5,11 +5,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import helpers
 
 CONTENDERS = ["ours", "bare", "orbit", "keras"]
 
 
+@pytest.mark.slow  # 25-49 s: a whole benchmark process.
 def test_reports_every_contender_and_its_ratio_to_bare():
   result = subprocess.run(
       [sys.executable, "scripts/benchmark.py", "--rounds=1", "--steps=100"],

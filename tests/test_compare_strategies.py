@@ -13,6 +13,7 @@ sys.path.insert(0, helpers.REPO_ROOT + "/scripts")
 import compare_strategies  # noqa: E402  pylint: disable=g-import-not-at-top
 
 
+@pytest.mark.slow  # 28 s: three training processes.
 def test_variants_train_in_their_own_processes():
   result = subprocess.run(
       [sys.executable, "scripts/compare_strategies.py", "gin/digits.gin",

@@ -73,6 +73,7 @@ def test_cpu_smoke_config_trains_on_mock_data(tmp_path):
   assert np.isfinite(output["loss"])
 
 
+@pytest.mark.slow  # 26-30 s; the in-process smoke test stays in the default run.
 def test_cpu_smoke_config_through_the_command_line(data_dir, tmp_path):
   result = helpers.run_cli([
       f"--gin_file={SMOKE}",
