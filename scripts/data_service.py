@@ -17,8 +17,8 @@ A worker tells the trainers it serves its address as `--host:--port`
 when they run elsewhere). The first line is `data_service | dispatcher
 serving at grpc://...` or `data_service | worker serving at ...`; a
 dispatcher then prints `data_service | dispatcher has N worker(s)` whenever
-the count changes. SIGTERM or SIGINT stops the server (exit 0). A busy port
-is one line on stderr and exit code 1.
+the count changes. SIGTERM or SIGINT stops the server (exit 0). A bad flag
+is one line on stderr and exit code 2, a busy port one line and exit code 1.
 
 A dispatcher started with `--work_dir` keeps a journal there
 (`fault_tolerant_mode`): restarted on the same port and directory, it
@@ -36,7 +36,6 @@ import threading
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import app
 from absl import flags
 import tensorflow as tf
 # Registers tensorflow-text's ops, which text pipelines (ImdbSentiment)
@@ -131,4 +130,10 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  try:
+    parsed = FLAGS(sys.argv)
+  except flags.Error as error:  # One line, as every script's bad flag.
+    print(f"{PROGRAM}: error: {str(error).splitlines()[0]}", file=sys.stderr,
+          flush=True)
+    sys.exit(2)
+  sys.exit(main(parsed))

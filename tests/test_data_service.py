@@ -121,6 +121,12 @@ def test_settings_that_cannot_work_are_one_line(settings, message):
 
 
 def test_the_server_script_stops_on_sigterm_and_names_a_busy_port():
+  no_port = subprocess.run([sys.executable, SCRIPT], cwd=helpers.REPO_ROOT,
+                           capture_output=True, text=True, timeout=60)
+  assert no_port.returncode == 2
+  assert no_port.stderr.strip().splitlines()[-1] == (
+      "data_service.py: error: flag --port=None: Flag --port must have a "
+      "value other than None.")
   port = helpers.free_ports(1)[0]
   dispatcher = _Server(f"--port={port}")
   try:
@@ -168,7 +174,13 @@ def test_a_stall_is_warned_about_once_until_training_moves(capsys):
     assert out.count("warning") == 1
     step[0] = 100  # Trained on: the next stall counts 60 s.
     time.sleep(0.1)
-    clock.now = 561.0
+    step[0] = None  # Between loops (an evaluation): not a stall.
+    clock.now = 700.0
+    time.sleep(0.1)
+    assert "warning" not in capsys.readouterr().out
+    step[0] = 100
+    time.sleep(0.1)
+    clock.now = 761.0
     time.sleep(0.1)
   assert "from step 100 for 61 s" in capsys.readouterr().out
 

@@ -149,10 +149,11 @@ class StallWarning:
 
   The service's client waits for batches as long as it takes: with no
   worker alive (none started yet, or all stopped) or the dispatcher down, a
-  run would stay silent at its last line (measured). This context runs a thread that prints one
-  warning per stall, after `seconds` without a new step (twice as long
-  before the first, which includes tracing). Training goes on waiting, for
-  a worker may come; SIGTERM still stops it.
+  run would stay silent at its last line (measured). This context runs a
+  thread that prints one warning per stall: `seconds` inside training loops
+  without a new step (twice as long before the first, which includes
+  tracing); evaluations and saves between loops do not count. Training
+  goes on waiting, for a worker may come; SIGTERM still stops it.
   """
 
   def __init__(self, runtime, progress_fn: Callable[[], int],
@@ -162,7 +163,8 @@ class StallWarning:
 
     Args:
       runtime: The `RuntimeConfig` naming the service.
-      progress_fn: Returns the step reached (the controller's).
+      progress_fn: Returns the step reached (the controller's), or None
+        outside training loops.
       seconds: How long without a new step makes a stall.
       poll_seconds: How often the thread looks.
       clock: Seconds, injectable for tests.
@@ -188,9 +190,12 @@ class StallWarning:
     step, since, limit, warned = self._progress_fn(), self._clock(), (
         2 * self._seconds), False
     while not self._stop.wait(self._poll_seconds):
-      if self._progress_fn() != step:
-        step, since, limit, warned = (self._progress_fn(), self._clock(),
-                                      self._seconds, False)
+      progress = self._progress_fn()
+      if progress is None:  # Between loops: the input is not waited for.
+        since = self._clock()
+      elif progress != step:
+        step, since, limit, warned = progress, self._clock(), self._seconds, (
+            False)
       elif not warned and self._clock() - since > limit:
         warned = True
         console.warning(

@@ -99,7 +99,9 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
     if controller.step:
       _resume_input(parts, controller.step)
     stall_warning = (
-        data_service.StallWarning(parts.runtime, lambda: controller.step)
+        data_service.StallWarning(
+            parts.runtime,
+            lambda: controller.step if parts.trainer.in_loop else None)
         if parts.training and parts.runtime.data_service
         else contextlib.nullcontext())
     with stall_warning:

@@ -87,6 +87,7 @@ class TaskTrainer(orbit.StandardTrainer):
     with strategy.scope():
       self.metrics = task.build_metrics(training=True)
     self._run_eagerly = run_eagerly
+    self.in_loop = False  # Whether a `train` call is running.
     self._create_loop_variables()
     self._configure_step(step_options or gradients.StepOptions(), enable_xla)
     super().__init__(self._train_dataset())
@@ -180,6 +181,7 @@ class TaskTrainer(orbit.StandardTrainer):
       errors.RunError: If the tf.data service no longer knows this run's
         job.
     """
+    self.in_loop = True
     try:
       return super().train(num_steps)
     except tf.errors.OutOfRangeError as e:
@@ -190,6 +192,8 @@ class TaskTrainer(orbit.StandardTrainer):
       if not self._input.remote:
         raise
       raise data_service.lost_job(e) from e
+    finally:
+      self.in_loop = False
 
   def input_resumption(self, input_position: str, num_workers: int) -> str:
     """Returns how a restarted run finds its place in the input.
