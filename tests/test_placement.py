@@ -119,7 +119,8 @@ print("accuracy", float(np.mean(np.argmax(logits, -1) == labels)))
 
 
 @pytest.mark.slow
-def test_the_readme_command_trains_resumes_unsplit_and_exports(tmp_path):
+def test_the_readme_command_trains_resumes_unsplit_and_back_and_exports(
+    tmp_path):
   # As a user: from another directory, a relative model_dir.
   common = ["--gin_file=gin/split_digits.gin", "--model_dir=runs/split"]
   first = helpers.run_cli(
@@ -142,6 +143,18 @@ def test_the_readme_command_trains_resumes_unsplit_and_exports(tmp_path):
   accuracy = float(second.stdout.split("final eval |")[1].split(
       "accuracy ")[1].split()[0])
   assert accuracy >= 0.95, second.stdout[-2000:]
+
+  # And back: the unsplit checkpoint resumes split.
+  third = helpers.run_cli(
+      common + ["--gin_param=trainer.train_steps=1100",
+                "--gin_param=trainer.validation_interval=1100"],
+      cwd=str(tmp_path))
+  assert third.returncode == 0, third.stderr[-3000:]
+  assert "restored checkpoint runs/split/ckpt-1000 at step 1000" in (
+      third.stdout)
+  assert "placement | /device:CPU:1: 4 variable(s), 34,186 parameters" in (
+      third.stdout)
+  assert helpers.checkpoint_step(str(tmp_path / "runs" / "split")) == 1100
 
   # A SavedModel exported from the unsplit model serves on a plain host.
   export = tmp_path / "runs" / "split" / "export" / "1000"
