@@ -20,6 +20,14 @@ dispatcher then prints `data_service | dispatcher has N worker(s)` whenever
 the count changes. SIGTERM or SIGINT stops the server (exit 0). A bad flag
 is one line on stderr and exit code 2, a busy port one line and exit code 1.
 
+A worker first asks its dispatcher for its version, as the service's
+clients do, and waits up to `--wait_for_dispatcher` seconds (default 60)
+for one to answer, saying so once, so that workers may start first; an
+address where something else answers (a worker's port) is refused at once.
+Either ends in one line and exit code 1. (TensorFlow's worker itself waits
+up to its `dispatcher_timeout_ms`, an hour, without a word and deaf to
+SIGTERM: measured for 10 minutes.)
+
 A dispatcher started with `--work_dir` keeps a journal there
 (`fault_tolerant_mode`): restarted on the same port and directory, it
 resumes the jobs it served, and trainers go on after a pause. Without one,
@@ -32,12 +40,16 @@ import signal
 import socket
 import sys
 import threading
+import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO_ROOT)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+import trainer  # noqa: E402  Selects Keras 2 before TensorFlow loads.
 from absl import flags
 import tensorflow as tf
+from trainer import data_service
 # Registers tensorflow-text's ops, which text pipelines (ImdbSentiment)
 # run on the workers.
 import tensorflow_text  # noqa: F401  pylint: disable=unused-import
@@ -54,6 +66,9 @@ flags.DEFINE_string("work_dir", None, "A dispatcher's journal directory: "
                     "with it, a dispatcher restarted on the same port and "
                     "directory resumes the jobs it served "
                     "(`fault_tolerant_mode`).")
+flags.DEFINE_float("wait_for_dispatcher", 60.0, "How long a worker waits "
+                   "for its dispatcher to accept connections, in seconds.",
+                   lower_bound=0.0)
 flags.mark_flag_as_required("port")
 
 PROGRAM = "data_service.py"
@@ -96,6 +111,36 @@ def start_server(port: int, dispatcher: str, host: str, work_dir: str):
                   f"{dispatcher}")
 
 
+def wait_for_dispatcher(dispatcher: str, stop: threading.Event) -> bool:
+  """Waits until `dispatcher` answers, up to `--wait_for_dispatcher` s.
+
+  Says once that it waits. Returns False if `stop` is set first.
+
+  Raises:
+    data_service.NoDispatcher: At once where something else answers, or
+      when the time is up.
+  """
+  deadline = time.monotonic() + FLAGS.wait_for_dispatcher
+  said = False
+  while True:
+    try:
+      data_service.ask_dispatcher(dispatcher, timeout=5.0)
+      return True
+    except data_service.NoDispatcher as e:
+      if not e.may_start:
+        raise
+      if time.monotonic() >= deadline:
+        raise data_service.NoDispatcher(
+            f"{e.reason} for {FLAGS.wait_for_dispatcher:g} s "
+            "(--wait_for_dispatcher)", True) from None
+      if not said:
+        print(f"data_service | waiting for dispatcher {dispatcher} "
+              f"({e.reason})", flush=True)
+        said = True
+    if stop.wait(1.0):
+      return False
+
+
 def main(argv) -> int:
   if len(argv) > 1:
     print(f"{PROGRAM}: error: unexpected arguments: {' '.join(argv[1:])}",
@@ -106,8 +151,15 @@ def main(argv) -> int:
     signal.signal(signum, lambda *_: stop.set())
   try:
     check_port_free(FLAGS.port)
+    if FLAGS.dispatcher and not wait_for_dispatcher(FLAGS.dispatcher, stop):
+      print("data_service | stopped", flush=True)
+      return 0
     server, line = start_server(FLAGS.port, FLAGS.dispatcher, FLAGS.host,
                                 FLAGS.work_dir)
+  except data_service.NoDispatcher as e:
+    print(f"{PROGRAM}: error: no tf.data service dispatcher at "
+          f"{FLAGS.dispatcher}: {e.reason}", file=sys.stderr, flush=True)
+    return ERROR_EXIT_CODE
   except (OSError, tf.errors.OpError, RuntimeError, ValueError) as e:
     message = (str(e).strip().splitlines() or [type(e).__name__])[0]
     print(f"{PROGRAM}: error: {message}", file=sys.stderr, flush=True)

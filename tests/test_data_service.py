@@ -4,11 +4,13 @@ batches; a worker killed mid-run, a resumed run and the refusals."""
 
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
+import tensorflow as tf
 
 import helpers
 import trainer
@@ -141,6 +143,73 @@ def test_the_server_script_stops_on_sigterm_and_names_a_busy_port():
   finally:
     assert dispatcher.stop() == 0
   assert dispatcher.process.stdout.read().strip() == "data_service | stopped"
+
+
+def test_only_a_dispatcher_answers_as_one():
+  # In-process servers: a dispatcher answers, a worker (another gRPC
+  # server) and a plain TCP listener do not, a closed port may start one.
+  service = tf.data.experimental.service
+  dispatcher_port, worker_port, closed_port = helpers.free_ports(3)
+  dispatcher = service.DispatchServer(
+      service.DispatcherConfig(port=dispatcher_port))
+  worker = service.WorkerServer(service.WorkerConfig(
+      dispatcher_address=f"localhost:{dispatcher_port}", port=worker_port))
+  with socket.create_server(("127.0.0.1", 0)) as listener:
+    data_service.ask_dispatcher(f"grpc://localhost:{dispatcher_port}", 5)
+    answers = {}
+    for name, port, timeout in [("worker", worker_port, 5),
+                                ("listener", listener.getsockname()[1], 1),
+                                ("closed", closed_port, 5)]:
+      with pytest.raises(data_service.NoDispatcher) as raised:
+        data_service.ask_dispatcher(f"127.0.0.1:{port}", timeout)
+      answers[name] = (raised.value.reason, raised.value.may_start)
+  worker.stop()
+  dispatcher.stop()
+  assert answers == {
+      "worker": ("a gRPC server answers that is not a tf.data service "
+                 "dispatcher (a worker's port?)", False),
+      "listener": ("something listens there but gives no gRPC answer in "
+                   "1 s", False),
+      "closed": ("Connection refused", True)}
+  runtime = trainer.RuntimeConfig(data_service=f"127.0.0.1:{worker_port}")
+  with pytest.raises(trainer.ConfigError) as raised:
+    data_service.check_reachable(runtime)
+  assert str(raised.value) == (
+      f"no tf.data service dispatcher at grpc://127.0.0.1:{worker_port} "
+      "(`runtime.data_service`): Connection refused; start one with python "
+      f"scripts/data_service.py --port={worker_port}")
+
+
+def test_a_worker_waits_for_its_dispatcher_and_gives_up_in_one_line():
+  dispatcher_port, worker_port = helpers.free_ports(2)
+  # Started first, it waits, saying so, and serves once the dispatcher is up.
+  worker = _Server(f"--port={worker_port}",
+                   f"--dispatcher=localhost:{dispatcher_port}")
+  assert worker.first_line == (
+      f"data_service | waiting for dispatcher localhost:{dispatcher_port} "
+      "(Connection refused)")
+  dispatcher = _Server(f"--port={dispatcher_port}")
+  try:
+    assert worker.process.stdout.readline().strip() == (
+        f"data_service | worker serving at localhost:{worker_port} for "
+        f"dispatcher localhost:{dispatcher_port}")
+    assert dispatcher.process.stdout.readline().strip() == (
+        "data_service | dispatcher has 1 worker(s)")
+  finally:
+    assert worker.stop() == 0
+    assert dispatcher.stop() == 0
+  # None comes: one line when the wait is over (TensorFlow's worker would
+  # wait an hour, deaf to SIGTERM).
+  lonely = subprocess.run(
+      [sys.executable, SCRIPT, f"--port={worker_port}",
+       f"--dispatcher=localhost:{dispatcher_port}",
+       "--wait_for_dispatcher=1"], cwd=helpers.REPO_ROOT,
+      capture_output=True, text=True, timeout=60)
+  assert lonely.returncode == 1
+  assert lonely.stderr.strip().splitlines()[-1] == (
+      f"data_service.py: error: no tf.data service dispatcher at "
+      f"localhost:{dispatcher_port}: Connection refused for 1 s "
+      "(--wait_for_dispatcher)")
 
 
 class _Clock:

@@ -24,7 +24,6 @@ the order is not reproducible).
 """
 
 import re
-import socket
 import threading
 import time
 from typing import Callable
@@ -125,23 +124,71 @@ def lost_job(error: tf.errors.NotFoundError) -> errors.RunError:
       f"resume from the newest checkpoint. ({cause})")
 
 
+class NoDispatcher(OSError):
+  """No tf.data service dispatcher answers at an address.
+
+  Attributes:
+    reason: Why, in a few words ("Connection refused", ...).
+    may_start: True when nothing listens there: a dispatcher not started
+      yet; False when something else answers.
+  """
+
+  def __init__(self, reason: str, may_start: bool):
+    super().__init__(reason)
+    self.reason = reason
+    self.may_start = may_start
+
+
+_GET_VERSION = "/tensorflow.data.DispatcherService/GetVersion"
+
+
+def ask_dispatcher(target: str, timeout: float) -> None:
+  """Asks `[grpc://]host:port` for its version, as the service's clients do.
+
+  A TCP connection proves too little: TensorFlow's client and worker wait
+  forever, silently, at an address where a worker or any other server
+  listens (measured), and a worker's constructor does so holding the GIL,
+  deaf to SIGTERM. A dispatcher answers this call at once, another gRPC
+  server with UNIMPLEMENTED, a server of another protocol not at all.
+
+  Raises:
+    NoDispatcher: Saying why, and whether nothing listens there.
+  """
+  import grpc  # pylint: disable=g-import-not-at-top  TensorFlow's own dependency; needed here only.
+  with grpc.insecure_channel(target.split("://")[-1]) as channel:
+    try:
+      channel.unary_unary(_GET_VERSION)(b"", timeout=timeout)
+    except grpc.RpcError as e:
+      code = e.code()
+      if code == grpc.StatusCode.UNAVAILABLE:  # "...: Connection refused"
+        raise NoDispatcher(e.details().rsplit(": ", 1)[-1], True) from None
+      if code == grpc.StatusCode.UNIMPLEMENTED:
+        raise NoDispatcher("a gRPC server answers that is not a tf.data "
+                           "service dispatcher (a worker's port?)",
+                           False) from None
+      if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        raise NoDispatcher(f"something listens there but gives no gRPC "
+                           f"answer in {timeout:g} s", False) from None
+      raise NoDispatcher(f"{code.name}: {e.details()}", False) from None
+
+
 def check_reachable(runtime, timeout: float = 10.0) -> None:
-  """Raises unless the dispatcher accepts connections.
+  """Raises unless a dispatcher answers at `runtime.data_service`.
 
   TensorFlow's client retries an unreachable dispatcher forever, silently
   (measured: a run pointed at a closed port stayed at its first line).
 
   Raises:
-    errors.ConfigError: Naming the address and the socket's error.
+    errors.ConfigError: Naming the address and what answers there.
   """
-  host, port = address(runtime).removeprefix("grpc://").rsplit(":", 1)
+  port = address(runtime).rsplit(":", 1)[1]
   try:
-    socket.create_connection((host, int(port)), timeout=timeout).close()
-  except OSError as e:
+    ask_dispatcher(address(runtime), timeout)
+  except NoDispatcher as e:
     raise errors.ConfigError(
         f"no tf.data service dispatcher at {address(runtime)} "
-        f"(`runtime.data_service`): {e.strerror or e}; start one with "
-        f"python scripts/data_service.py --port={port}") from e
+        f"(`runtime.data_service`): {e.reason}; start one with "
+        f"python scripts/data_service.py --port={port}") from None
 
 
 class StallWarning:
