@@ -103,7 +103,7 @@ def start_server(port: int, dispatcher: str, host: str, work_dir: str):
         port=port, work_dir=work_dir, fault_tolerant_mode=bool(work_dir)))
     journal = f" (journal in {work_dir})" if work_dir else ""
     return server, f"dispatcher serving at {server.target}{journal}"
-  dispatcher = dispatcher.split("://")[-1]
+  dispatcher = data_service.host_port(dispatcher)
   server = service.WorkerServer(service.WorkerConfig(
       dispatcher_address=dispatcher, worker_address=f"{host}:{port}",
       port=port))
@@ -142,6 +142,8 @@ def wait_for_dispatcher(dispatcher: str, stop: threading.Event) -> bool:
 
 
 def main(argv) -> int:
+  """Starts the server `--dispatcher` asks for and serves until a signal;
+  returns the exit code."""
   if len(argv) > 1:
     print(f"{PROGRAM}: error: unexpected arguments: {' '.join(argv[1:])}",
           file=sys.stderr, flush=True)

@@ -221,11 +221,14 @@ class _Clock:
 
 
 def test_a_stall_is_warned_about_once_until_training_moves(capsys):
-  clock, step = _Clock(), [0]
+  clock, step = _Clock(), [None]  # It starts before the first loop.
   runtime = trainer.RuntimeConfig(data_service="grpc://10.0.0.5:5050")
   warning = data_service.StallWarning(runtime, lambda: step[0], seconds=60,
                                       poll_seconds=0.01, clock=clock)
   with warning:
+    time.sleep(0.1)
+    step[0] = 0  # The first loop begins.
+    time.sleep(0.1)
     clock.now = 119.0  # Before the first step: twice the patience.
     time.sleep(0.1)
     assert "warning" not in capsys.readouterr().out

@@ -1,10 +1,19 @@
-"""`TaskTrainer`: eager execution, XLA, and the stateful random ops check."""
+"""`TaskTrainer`: eager execution, XLA, the stateful random ops check, and
+the global step's count inside a loop."""
 
+import threading
+import time
+
+import numpy as np
+import orbit
 import pytest
 import tensorflow as tf
+import tf_keras
 
 import trainer
 from trainer import experiment
+from trainer import inputs as inputs_lib
+from trainer import runners
 
 import helpers
 
@@ -105,3 +114,40 @@ def test_deterministic_seeds_with_zero_by_default(tmp_path):
   assert helpers.max_weight_difference(
       helpers.checkpoint_weights(str(tmp_path / "a")),
       helpers.checkpoint_weights(str(tmp_path / "b"))) == 0.0
+
+
+def test_a_step_is_counted_once_its_batch_has_come_and_while_a_loop_runs():
+  # The tf.data service's stall warning reads the global step from another
+  # thread while a loop runs: it must move inside the loop, and only for
+  # batches that came (nothing else orders the increment after `next`).
+  gate, batch_size = threading.Event(), 16
+
+  def examples():
+    for i in range(20 * batch_size):
+      if i == 3 * batch_size:
+        gate.wait(60)  # Three batches come; the fourth waits.
+      yield np.ones(4, np.float32), np.ones(1, np.float32)
+
+  task = helpers.LinearRegression()
+  strategy = tf.distribute.get_strategy()
+  train_input = inputs_lib.DistributedInput(
+      strategy, lambda ctx: tf.data.Dataset.from_generator(
+          examples, output_signature=(tf.TensorSpec([4], tf.float32),
+                                      tf.TensorSpec([1], tf.float32))),
+      batch_size, training=True)
+  model = task.build_model()
+  global_step = orbit.utils.create_global_step()
+  optimizer = tf_keras.optimizers.SGD(0.01)
+  task_trainer = runners.TaskTrainer(task, model, optimizer, strategy,
+                                     train_input, global_step)
+  loop = threading.Thread(target=task_trainer.train,
+                          args=(tf.constant(10),))
+  loop.start()
+  deadline = time.monotonic() + 60
+  while global_step.numpy() < 3 and time.monotonic() < deadline:
+    time.sleep(0.05)
+  time.sleep(1.0)  # Time enough to count a step that has no batch.
+  blocked_at = int(global_step.numpy())
+  gate.set()
+  loop.join(60)
+  assert (blocked_at, int(global_step.numpy())) == (3, 10)

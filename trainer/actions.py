@@ -32,6 +32,15 @@ BEST_RECORD = "best.json"
 EARLY_STOPPING_RECORD = "early_stopping.json"
 
 
+def _check_direction(prefix: str, metric: Optional[str],
+                     higher_is_better: Optional[bool]) -> None:
+  """Checks that a config naming a metric says which way is better."""
+  checks.require(
+      metric is None or isinstance(higher_is_better, bool),
+      f"`{prefix}.higher_is_better` must be True or False for metric "
+      f"{metric!r}.")
+
+
 def _metric_value(name: str, metric: str, output: Dict[str, Any]) -> float:
   if metric not in output:
     raise errors.ConfigError(
@@ -54,10 +63,7 @@ class BestCheckpointConfig:
   higher_is_better: Optional[bool] = None
 
   def __post_init__(self):
-    checks.require(
-        self.metric is None or isinstance(self.higher_is_better, bool),
-        "`best_checkpoint.higher_is_better` must be True or False for "
-        f"metric {self.metric!r}.")
+    _check_direction("best_checkpoint", self.metric, self.higher_is_better)
 
 
 class BestCheckpoint:
@@ -148,10 +154,7 @@ class EarlyStoppingConfig:
   min_delta: float = 0.0
 
   def __post_init__(self):
-    checks.require(
-        self.metric is None or isinstance(self.higher_is_better, bool),
-        "`early_stopping.higher_is_better` must be True or False for metric "
-        f"{self.metric!r}.")
+    _check_direction("early_stopping", self.metric, self.higher_is_better)
     checks.integer("early_stopping.patience", self.patience, minimum=1)
     checks.at_least("early_stopping.min_delta", self.min_delta, 0)
 

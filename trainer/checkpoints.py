@@ -250,9 +250,9 @@ def _restore_one(checkpoint: tf.train.Checkpoint, path: str,
     (its iterator then stays at the start); True otherwise.
   """
   children = checkpoint._trackable_children()  # pylint: disable=protected-access
-  has_position = any(name.startswith(f"{INPUT_POSITION}/")
-                     for name, _ in tf.train.list_variables(path))
-  position_restored = INPUT_POSITION not in children or has_position
+  position_restored = INPUT_POSITION not in children or any(
+      name.startswith(f"{INPUT_POSITION}/")
+      for name, _ in tf.train.list_variables(path))
   if not position_restored:
     # A checkpoint of a run whose input position could not be saved, read
     # by one that saves it: everything else must still match. (The save

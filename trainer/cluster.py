@@ -115,14 +115,16 @@ def task_role() -> Tuple[Optional[str], int]:
   return config["task"]["type"], config["task"]["index"]
 
 
-def num_tasks(task_type: str) -> int:
-  """Returns how many `task_type` tasks TF_CONFIG's cluster has.
+def num_tasks(task_type: str,
+              spec: Optional[tf.train.ClusterSpec] = None) -> int:
+  """Returns how many `task_type` tasks `spec` (else TF_CONFIG's cluster) has.
 
   (A `ParameterServerStrategy` keeps its resolver private; TF_CONFIG
   describes the same cluster.)
   """
-  spec = tf.distribute.cluster_resolver.TFConfigClusterResolver(
-  ).cluster_spec()
+  if spec is None:
+    spec = tf.distribute.cluster_resolver.TFConfigClusterResolver(
+    ).cluster_spec()
   return len(spec.as_dict().get(task_type, []))
 
 
@@ -135,7 +137,7 @@ def serve_forever(task_type: str, task_index: int) -> None:
   """
   resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
   spec = resolver.cluster_spec()
-  num_workers = num_tasks("worker")
+  num_workers = num_tasks("worker", spec)
   config = tf.compat.v1.ConfigProto()
   # Measured here: inter-op threads equal to the core count deadlocked
   # `coordinator.join()`; one per worker plus one does not.

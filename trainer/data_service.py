@@ -87,7 +87,12 @@ def check(runtime) -> None:
 def address(runtime) -> str:
   """Returns the dispatcher's address with its protocol, `grpc://host:port`."""
   service = runtime.data_service
-  return service if service.startswith("grpc://") else f"grpc://{service}"
+  return f"grpc://{host_port(service)}"
+
+
+def host_port(target: str) -> str:
+  """Returns `host:port` of `[grpc://]host:port`."""
+  return target.removeprefix("grpc://")
 
 
 def distribute(dataset: tf.data.Dataset, runtime) -> tf.data.Dataset:
@@ -155,7 +160,7 @@ def ask_dispatcher(target: str, timeout: float) -> None:
     NoDispatcher: Saying why, and whether nothing listens there.
   """
   import grpc  # pylint: disable=g-import-not-at-top  TensorFlow's own dependency; needed here only.
-  with grpc.insecure_channel(target.split("://")[-1]) as channel:
+  with grpc.insecure_channel(host_port(target)) as channel:
     try:
       channel.unary_unary(_GET_VERSION)(b"", timeout=timeout)
     except grpc.RpcError as e:
@@ -210,8 +215,8 @@ class StallWarning:
 
     Args:
       runtime: The `RuntimeConfig` naming the service.
-      progress_fn: Returns the step reached (the controller's), or None
-        outside training loops.
+      progress_fn: Returns the step reached, read from the global step as
+        it moves inside a loop, or None outside training loops.
       seconds: How long without a new step makes a stall.
       poll_seconds: How often the thread looks.
       clock: Seconds, injectable for tests.
@@ -241,8 +246,10 @@ class StallWarning:
       if progress is None:  # Between loops: the input is not waited for.
         since = self._clock()
       elif progress != step:
-        step, since, limit, warned = progress, self._clock(), self._seconds, (
-            False)
+        # The first step seen starts the first loop: its patience stays
+        # doubled until a step is trained.
+        limit = limit if step is None else self._seconds
+        step, since, warned = progress, self._clock(), False
       elif not warned and self._clock() - since > limit:
         warned = True
         console.warning(
@@ -251,4 +258,4 @@ class StallWarning:
             f"tf.data service at {self._address}, which waits while the "
             "dispatcher is down or no worker is alive: start one with "
             "python scripts/data_service.py --port=PORT --dispatcher="
-            f"{self._address.removeprefix('grpc://')}")
+            f"{host_port(self._address)}")

@@ -86,22 +86,24 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   parts = _build(task, mode, runtime, config)
   watcher = (preemption.PreemptionWatcher(config.preemption_exit_code,
                                           parts.worker.num_workers)
-             if parts.training else contextlib.nullcontext())
-  with model_dir_lib.write_directory(model_dir, parts.worker, mode,
-                                     parts.config) as write_dir, watcher:
+             if parts.training else None)
+  with (model_dir_lib.write_directory(model_dir, parts.worker, mode,
+                                      parts.config) as write_dir,
+        watcher or contextlib.nullcontext()):
     early_stopping = None
     if parts.config.early_stopping.metric is not None:
       early_stopping = actions.EarlyStopping(
           write_dir, parts.config.early_stopping, step_fn=parts.state.step)
-    controller = _controller(parts, write_dir, restore_dir,
-                             watcher if parts.training else None,
+    controller = _controller(parts, write_dir, restore_dir, watcher,
                              early_stopping)
     if controller.step:
       _resume_input(parts, controller.step)
     stall_warning = (
         data_service.StallWarning(
             parts.runtime,
-            lambda: controller.step if parts.trainer.in_loop else None)
+            # The variable, not `controller.step`: that moves only between
+            # loops, and a loop of slow steps is no stall.
+            lambda: parts.state.step() if parts.trainer.in_loop else None)
         if parts.training and parts.runtime.data_service
         else contextlib.nullcontext())
     with stall_warning:

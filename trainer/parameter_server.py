@@ -76,10 +76,8 @@ def _partitioner(name: str, args: Optional[Dict[str, Any]]):
   Raises:
     errors.ConfigError: See `check_partitioner`.
   """
-  if name not in PARTITIONERS:
-    raise errors.ConfigError(
-        f"`runtime.variable_partitioner` ({name!r}) must be None or one of: "
-        f"{', '.join(PARTITIONERS)}.")
+  checks.choice("runtime.variable_partitioner", name, PARTITIONERS,
+                optional=True)
   if args is not None and not isinstance(args, dict):
     raise errors.ConfigError(
         f"`runtime.variable_partitioner_args` ({args!r}) must be a dict of "

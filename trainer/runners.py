@@ -325,10 +325,15 @@ class TaskTrainer(orbit.StandardTrainer):
       # A skipped float16 step's norm is not finite; it would swamp the mean.
       finite = tf.cast(tf.math.is_finite(norm), tf.float64)
       norm = tf.where(finite > 0, norm, 0.0)
-    self._window.assign_add(tf.stack(
+    window = self._window.assign_add(tf.stack(
         [tf.cast(loss, tf.float64), tf.constant(1.0, tf.float64), norm,
          finite, waited]))
-    self.global_step.assign_add(1)
+    # Counted once the step's batch has come and been trained on: nothing
+    # else orders it after `next`, and the tf.data service's stall warning
+    # reads the step while a loop runs (measured: it read 1 while the first
+    # batch had not come).
+    with tf.control_dependencies([window]):
+      self.global_step.assign_add(1)
     return tf.cast(loss, tf.float32)
 
   def _add_extra_scalars(self, logs: Dict[str, object]) -> None:
