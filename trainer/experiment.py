@@ -98,17 +98,21 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
                              early_stopping)
     if controller.step:
       _resume_input(parts, controller.step)
-    stall_warning = (
-        data_service.StallWarning(
-            parts.runtime,
-            # The variable, not `controller.step`: that moves only between
-            # loops, and a loop of slow steps is no stall.
-            lambda: parts.state.step() if parts.trainer.in_loop else None)
-        if parts.training and parts.runtime.data_service
-        else contextlib.nullcontext())
-    with stall_warning:
+    with _stall_warning(parts):
       return _run_mode(parts, controller, mode, model_dir, write_dir,
                        early_stopping)
+
+
+def _stall_warning(parts: "_Parts"):
+  """Returns the tf.data service's stall warning where training reads from
+  it, else a context that does nothing."""
+  if not (parts.training and parts.runtime.data_service):
+    return contextlib.nullcontext()
+  # The variable, not `controller.step`: that moves only between loops, and
+  # a loop of slow steps is no stall.
+  return data_service.StallWarning(
+      parts.runtime,
+      lambda: parts.state.step() if parts.trainer.in_loop else None)
 
 
 def _resume_input(parts: "_Parts", step: int) -> None:
