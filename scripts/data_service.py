@@ -67,7 +67,7 @@ flags.DEFINE_string("work_dir", None, "A dispatcher's journal directory: "
                     "directory resumes the jobs it served "
                     "(`fault_tolerant_mode`).")
 flags.DEFINE_float("wait_for_dispatcher", 60.0, "How long a worker waits "
-                   "for its dispatcher to accept connections, in seconds.",
+                   "for its dispatcher to answer, in seconds.",
                    lower_bound=0.0)
 flags.mark_flag_as_required("port")
 

@@ -150,10 +150,10 @@ _GET_VERSION = "/tensorflow.data.DispatcherService/GetVersion"
 def ask_dispatcher(target: str, timeout: float) -> None:
   """Asks `[grpc://]host:port` for its version, as the service's clients do.
 
-  A TCP connection proves too little: TensorFlow's client and worker wait
-  forever, silently, at an address where a worker or any other server
-  listens (measured), and a worker's constructor does so holding the GIL,
-  deaf to SIGTERM. A dispatcher answers this call at once, another gRPC
+  A TCP connection proves too little: TensorFlow's worker waited silently
+  at an address where another server listens (measured: over 10 minutes,
+  its constructor holding the GIL, deaf to SIGTERM), and its client would
+  be handed the same address. A dispatcher answers this call at once, another gRPC
   server with UNIMPLEMENTED, a server of another protocol not at all.
 
   Raises:
