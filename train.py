@@ -6,10 +6,12 @@ Example:
 
 import signal
 
-# SIGTERM and SIGINT are received by a thread of their own (see
-# trainer.preemption), even while the main thread waits inside TensorFlow:
-# blocked here, before TensorFlow starts threads, which inherit the mask.
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+# SIGTERM, SIGINT and SIGUSR1 (SLURM's time-limit warning) are received by a
+# thread of their own (see trainer.preemption), even while the main thread
+# waits inside TensorFlow: blocked here, before TensorFlow starts threads,
+# which inherit the mask.
+signal.pthread_sigmask(signal.SIG_BLOCK,
+                       {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1})
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import trainer  # noqa: E402,F401  Selects Keras 2 before TensorFlow loads.

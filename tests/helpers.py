@@ -157,6 +157,24 @@ def free_ports(count: int) -> List[int]:
   return ports
 
 
+def finish(processes: Sequence[subprocess.Popen], timeout: float = 240
+           ) -> List[tuple]:
+  """Waits for each of `processes` (started with pipes) for up to `timeout`
+  seconds; returns `(returncode, stdout, stderr)` of each. Whatever still
+  runs at the end, a timeout included, is killed."""
+  outputs = []
+  try:
+    for process in processes:
+      stdout, stderr = process.communicate(timeout=timeout)
+      outputs.append((process.returncode, stdout, stderr))
+  finally:
+    for process in processes:
+      if process.poll() is None:
+        process.kill()
+        process.communicate()
+  return outputs
+
+
 class TrainProcess:
   """`python train.py ARGS` in the background, its stdout read as it comes.
 

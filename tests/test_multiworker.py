@@ -36,20 +36,6 @@ def _start_workers(model_dir, *extra):
   return workers
 
 
-def _finish(workers, timeout=TIMEOUT):
-  outputs = []
-  try:
-    for worker in workers:
-      stdout, stderr = worker.communicate(timeout=timeout)
-      outputs.append((worker.returncode, stdout, stderr))
-  finally:
-    for worker in workers:
-      if worker.poll() is None:
-        worker.kill()
-        worker.communicate()
-  return outputs
-
-
 def _wait_for_file(path, workers):
   """Waits until `path` exists while every worker keeps running."""
   deadline = time.time() + TIMEOUT
@@ -65,7 +51,7 @@ def _fingerprint(stdout):
 
 def test_two_workers_train_digits_in_sync(tmp_path):
   model_dir = tmp_path / "run"
-  outputs = _finish(_start_workers(
+  outputs = helpers.finish(_start_workers(
       model_dir, "--gin_param=trainer.train_steps=300",
       '--gin_param=runtime.all_reduce_alg="ring"'))
   for returncode, stdout, stderr in outputs:
@@ -103,10 +89,10 @@ def test_killed_worker_stops_the_other_and_both_resume(tmp_path):
     _wait_for_file(model_dir / "ckpt-100.index", workers)
     workers[1].send_signal(signal.SIGKILL)
     killed_at = time.time()
-    returncode, _, stderr = _finish(workers[:1], timeout=60)[0]
+    returncode, _, stderr = helpers.finish(workers[:1], timeout=60)[0]
     assert time.time() - killed_at < 60
   finally:
-    _finish(workers, timeout=10)
+    helpers.finish(workers, timeout=10)
   assert returncode == 1
   last_line = stderr.strip().splitlines()[-1]
   assert last_line.startswith("train.py: error: ") and "Error" in last_line
@@ -114,7 +100,7 @@ def test_killed_worker_stops_the_other_and_both_resume(tmp_path):
   saved = int(open(model_dir / "checkpoint").read().split('"')[1]
               .rsplit("-", 1)[1])
   assert saved >= 100
-  outputs = _finish(_start_workers(
+  outputs = helpers.finish(_start_workers(
       model_dir, f"--gin_param=trainer.train_steps={saved + 200}",
       "--gin_param=runtime.seed=0", "--mode=train"))
   for returncode, stdout, stderr in outputs:
@@ -126,7 +112,7 @@ def test_killed_worker_stops_the_other_and_both_resume(tmp_path):
 
   # Each worker skipped the batches of its shard it had consumed, so the
   # resumed run ends bit-identical to one that was never interrupted.
-  straight = _finish(_start_workers(
+  straight = helpers.finish(_start_workers(
       tmp_path / "straight", f"--gin_param=trainer.train_steps={saved + 200}",
       "--gin_param=runtime.seed=0", "--mode=train"))
   assert straight[0][0] == 0, straight[0][2][-3000:]
@@ -143,9 +129,9 @@ def test_sigterm_to_one_worker_stops_both_at_the_same_step(tmp_path):
   try:
     _wait_for_file(model_dir / "operative_config.gin", workers)
     workers[1].send_signal(signal.SIGTERM)  # Only the non-chief.
-    outputs = _finish(workers, timeout=60)
+    outputs = helpers.finish(workers, timeout=60)
   finally:
-    _finish(workers, timeout=10)
+    helpers.finish(workers, timeout=10)
   steps = []
   for returncode, _, stderr in outputs:
     assert returncode == 42, stderr[-3000:]

@@ -137,12 +137,15 @@ def test_each_role_runs_its_own_mode(monkeypatch):
   runtime = runtime_lib.RuntimeConfig(distribution_strategy="parameter_server")
   config = trainer.TrainerConfig()
   _tf_config(monkeypatch, "evaluator")
-  assert parameter_server.role_runtime(
-      runtime, "continuous_eval", config).distribution_strategy == "default"
+  evaluated, mode = parameter_server.role_runtime(runtime, "continuous_eval",
+                                                 config)
+  assert evaluated.distribution_strategy == "default"
+  assert mode == "continuous_eval"
   with pytest.raises(errors.ConfigError, match="^the evaluator task runs "):
     parameter_server.role_runtime(runtime, "train", config)
   _tf_config(monkeypatch, "chief")
-  assert parameter_server.role_runtime(runtime, "train", config) is runtime
+  assert parameter_server.role_runtime(runtime, "train", config) == (
+      runtime, "train")
   with pytest.raises(errors.ConfigError, match="the chief runs --mode=train"):
     parameter_server.role_runtime(runtime, "train_and_eval", config)
   with pytest.raises(errors.ConfigError, match="'rollback'` is not supported"):

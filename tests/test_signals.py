@@ -227,15 +227,8 @@ def test_an_input_that_raises_always_exits_with_its_message(tmp_path,
        f"--model_dir={tmp_path / str(index)}"], cwd=helpers.REPO_ROOT,
       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
           for index in range(5)]
-  try:
-    results = [run.communicate(timeout=120) for run in runs]
-  finally:
-    for run in runs:
-      if run.poll() is None:
-        run.kill()
-        run.communicate()
-  for run, (_, stderr) in zip(runs, results):
-    assert run.returncode == 1, stderr[-2000:]
+  for returncode, _, stderr in helpers.finish(runs, timeout=120):
+    assert returncode == 1, stderr[-2000:]
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("train.py: error: "), last
     assert last.endswith(
@@ -295,3 +288,61 @@ def test_receiver_after_training_names_the_final_checkpoint():
   assert exited.value.args[0] == (
       "preempted by SIGTERM after training: the final checkpoint (step 100) "
       "is saved; run the same command again to finish (exit code 42)")
+
+
+def test_sigusr1_before_training_waits_for_the_first_loop(monkeypatch):
+  monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+  receiver = preemption.Receiver(lambda *args: pytest.fail(f"exit {args}"))
+  receiver.configure(42, 3.0, training=True)
+  receiver.handle(signal.SIGUSR1)  # Building the model: nothing to save.
+  watcher = preemption.PreemptionWatcher()
+  receiver.attach(watcher)  # Training starts; the first check stops it.
+  assert watcher.received and watcher.agreed(strategy=None)
+  stop = watcher.stopped(100, agreed=True)
+  assert (stop.step, stop.requeue, stop.exit_code) == (100, True, 42)
+  assert stop.line(preemption.slurm.requeue_outcome(True)) == (
+      "preempted at step 100 by SIGUSR1 (the time limit is near): checkpoint "
+      "saved; not in a SLURM job, so nothing to requeue: run the same "
+      "command again, to resume from step 100 (exit code 42)")
+
+
+def test_sigusr1_in_a_task_that_does_not_train_changes_nothing():
+  receiver, _ = _receiver()
+  receiver.configure(42, 3.0, training=False)
+  receiver.handle(signal.SIGUSR1)  # A ps, a worker server, an evaluator.
+  with pytest.raises(_Exited) as exited:
+    receiver.handle(signal.SIGTERM)  # The chief's requeue.
+  assert exited.value.args == (
+      "preempted by SIGTERM: nothing to save; run the same command again "
+      "(exit code 42)", 42)
+
+
+def test_sigusr1_after_training_requeues_at_once(monkeypatch):
+  monkeypatch.setenv("SLURM_JOB_ID", "5")
+  receiver, watcher = _receiver(progress=(100, 100))
+  watcher.is_chief = False  # The chief runs `scontrol requeue`.
+  receiver.configure(42, 3.0, training=True)
+  with watcher.armed():
+    pass
+  with pytest.raises(_Exited) as exited:
+    receiver.handle(signal.SIGUSR1)
+  line, code = exited.value.args
+  assert code == 42 and line() == (
+      "preempted by SIGUSR1 after training: the final checkpoint (step 100) "
+      "is saved; the chief requeues SLURM job 5, to finish (exit code 42)")
+
+
+def test_sigusr1_while_training_saves_and_asks_for_a_requeue():
+  receiver, watcher = _receiver(progress=(10, 8))
+  receiver.configure(42, 3.0, training=True)
+  with watcher.armed():
+    receiver.handle(signal.SIGUSR1)
+    assert watcher.agreed(strategy=None)
+  assert watcher.stopped(10, agreed=True).requeue
+  # SIGTERM alone asks for none.
+  receiver, watcher = _receiver(progress=(10, 8))
+  receiver.configure(42, 3.0, training=True)
+  with watcher.armed():
+    receiver.handle(signal.SIGTERM)
+    assert watcher.agreed(strategy=None)
+  assert not watcher.stopped(10, agreed=True).requeue

@@ -15,7 +15,7 @@ import os
 import sys
 import tempfile
 import threading
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from absl import app
 from absl import flags
@@ -30,6 +30,7 @@ from trainer import experiment
 from trainer import gin_config
 from trainer import preemption
 from trainer import runtime as runtime_lib
+from trainer import slurm
 from trainer import task as task_lib
 from trainer import user_errors
 
@@ -91,13 +92,18 @@ def _quiet_teardown() -> None:
   gc.collect()
 
 
-def fail(message: str, exit_code: int = USAGE_EXIT_CODE,
-         program: str = "train.py") -> None:
+def fail(message: Union[str, Callable[[], str]],
+         exit_code: int = USAGE_EXIT_CODE, program: str = "train.py") -> None:
   """Prints the error line last on stderr and exits with `exit_code`.
 
   Callable from any thread; a second caller waits for the first's exit.
+  `message` may be a function returning the line: it is called once this
+  caller is the one to exit (a SLURM requeue, which signals this process,
+  happens there).
   """
   _FAILING.acquire()  # pylint: disable=consider-using-with
+  if callable(message):
+    message = message()
   console.error(f"{program}: error: {message}")
   # TensorFlow's C++ threads may still log while the process winds down (a
   # peer's collective failing, say); the error line stays the last one.
@@ -140,7 +146,10 @@ def _one_line_failures():
   except (errors.NonFiniteError, errors.RunError) as e:
     failure = (str(e), RUNTIME_ERROR_EXIT_CODE)
   except errors.Preempted as e:
-    failure = (str(e), e.exit_code)
+    line = str(e)
+    if e.requeue:
+      line = lambda e=e: e.line(slurm.requeue_outcome(e.is_chief))
+    failure = (line, e.exit_code)
   except Exception as e:  # pylint: disable=broad-except
     # A failed peer (UnavailableError), a lost device, a full disk or a
     # mistake in the task: checkpoints already written stay, and a restart

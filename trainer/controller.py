@@ -246,7 +246,7 @@ class Controller(orbit.Controller):
     if self._preemption.received and not self._preemption.is_armed:
       # The signal came after the last check, and training is over: its
       # final checkpoint is saved.
-      raise errors.Preempted(self._step, self._preemption.exit_code)
+      raise self._preemption.stopped(self._step)
 
   def _check_preemption(self) -> None:
     """Saves and stops if any worker got a signal; every worker calls it at
@@ -258,7 +258,7 @@ class Controller(orbit.Controller):
     if self._preemption is not None and self._preemption.agreed(
         self.strategy):
       self._maybe_save_checkpoint(check_interval=False)
-      raise errors.Preempted(self._step, self._preemption.exit_code)
+      raise self._preemption.stopped(self._step, agreed=True)
 
   def _stop_early(self) -> bool:
     """Whether `stop_fn` says to stop; logs the reason once."""

@@ -1,6 +1,7 @@
 """Errors the framework reports as one line, each with its exit code."""
 
 import contextlib
+from typing import Optional
 
 
 class ConfigError(ValueError):
@@ -25,19 +26,34 @@ class NonFiniteError(RuntimeError):
 
 
 class Preempted(Exception):
-  """Training stopped on SIGTERM/SIGINT after saving a checkpoint.
+  """Training stopped on a signal after saving a checkpoint.
 
   Attributes:
     step: The step of the checkpoint saved on the way out.
     exit_code: What the process should exit with, telling a launcher to
       restart it (`trainer.preemption_exit_code`).
+    requeue: Whether the signal was SLURM's time-limit warning (SIGUSR1),
+      after which the job is requeued.
+    is_chief: Whether this process is the one that requeues.
   """
 
-  def __init__(self, step: int, exit_code: int):
-    super().__init__(f"preempted at step {step}: checkpoint saved; run the "
-                     f"same command again to resume (exit code {exit_code})")
+  def __init__(self, step: int, exit_code: int, requeue: bool = False,
+               is_chief: bool = True):
     self.step = step
     self.exit_code = exit_code
+    self.requeue = requeue
+    self.is_chief = is_chief
+    super().__init__(self.line())
+
+  def line(self, requeued: Optional[str] = None) -> str:
+    """The exit line; `requeued` says what became of the SLURM job, where
+    the stop asked for a requeue."""
+    if requeued is None:
+      return (f"preempted at step {self.step}: checkpoint saved; run the "
+              f"same command again to resume (exit code {self.exit_code})")
+    return (f"preempted at step {self.step} by SIGUSR1 (the time limit is "
+            f"near): checkpoint saved; {requeued}, to resume from step "
+            f"{self.step} (exit code {self.exit_code})")
 
 
 @contextlib.contextmanager

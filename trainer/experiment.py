@@ -75,17 +75,22 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   if mode not in MODES:
     raise errors.ConfigError(
         f"`mode` ({mode!r}) must be one of: {', '.join(MODES)}.")
+  cluster.configure(runtime)
   if runtime.distribution_strategy == "parameter_server":
-    runtime = parameter_server.role_runtime(runtime, mode, config)
+    runtime, mode = parameter_server.role_runtime(runtime, mode, config)
     if runtime is None:
       return {}  # This process served as a worker or ps until stopped.
+  elif (runtime.distribution_strategy == "multi_worker_mirrored" and
+        cluster.task_role()[0] == "evaluator"):
+    runtime, mode = cluster.evaluator_role(runtime, mode)
   restore_dir = restore_dir or model_dir
   if mode == "eval" and tf.train.latest_checkpoint(restore_dir) is None:
     raise errors.ConfigError(
         f"no checkpoint to evaluate in `model_dir` ({restore_dir}).")
   parts = _build(task, mode, runtime, config)
   watcher = (preemption.PreemptionWatcher(config.preemption_exit_code,
-                                          parts.worker.num_workers)
+                                          parts.worker.num_workers,
+                                          parts.worker.is_chief)
              if parts.training else None)
   with (model_dir_lib.write_directory(model_dir, parts.worker, mode,
                                       parts.config) as write_dir,

@@ -17,10 +17,9 @@ it restores under any other strategy, and any checkpoint restores into
 shards (tests/test_sharded_variables.py).
 """
 
-import dataclasses
 import inspect
 import math
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from absl import logging
 import tensorflow as tf
@@ -154,12 +153,13 @@ def shard_lines(variables: List[tf.Variable]) -> List[str]:
 
 def role_runtime(runtime: "trainer.runtime.RuntimeConfig", mode: str,
                  config: config_lib.TrainerConfig
-                 ) -> Optional["trainer.runtime.RuntimeConfig"]:
+                 ) -> Tuple[Optional["trainer.runtime.RuntimeConfig"], str]:
   """Acts on this process's role in the cluster.
 
   Returns:
-    None after serving as a worker or ps (until stopped); otherwise the
-    runtime to train (chief) or evaluate (evaluator, on no strategy) with.
+    (None, mode) after serving as a worker or ps (until stopped);
+    otherwise the runtime and mode to train (chief) or evaluate
+    (`cluster.evaluator_role`) with.
 
   Raises:
     errors.ConfigError: If the role cannot run `mode`, or for settings
@@ -172,18 +172,14 @@ def role_runtime(runtime: "trainer.runtime.RuntimeConfig", mode: str,
   role, index = cluster.task_role()
   if role in ("worker", "ps"):
     cluster.serve_forever(role, index)
-    return None
+    return None, mode
   if role == "evaluator":
-    # The sidecar evaluator reads the chief's checkpoints on its own.
-    if mode not in ("eval", "continuous_eval"):
-      raise errors.ConfigError(
-          "the evaluator task runs --mode=continuous_eval (or eval).")
-    return dataclasses.replace(runtime, distribution_strategy="default")
+    return cluster.evaluator_role(runtime, mode)
   if mode != "train":
     raise errors.ConfigError(
         "with 'parameter_server' the chief runs --mode=train; evaluation "
         "runs in an `evaluator` task (--mode=continuous_eval).")
-  return runtime
+  return runtime, mode
 
 
 class ScheduledTaskTrainer(runners.TaskTrainer):

@@ -27,6 +27,13 @@ between TensorFlow calls only, and a second signal gets Python's default.
 numbers checkpoints by save count rather than step, and its constructor
 queries the GCE metadata server (a 5 s timeout off GCE, measured); with
 several workers the watcher here has them agree through one all-reduce.
+
+SIGUSR1 is SLURM's warning before a job's time limit (`#SBATCH
+--signal=USR1@90`): it saves like SIGTERM, and then the chief requeues the
+job (`trainer.slurm.requeue`) so that it resumes when SLURM starts it again.
+Before training it waits for the first loop (a job always gets somewhere);
+in a task that does not train (a parameter server, an evaluator) it changes
+nothing: the chief's requeue stops every task.
 """
 
 import contextlib
@@ -38,7 +45,11 @@ from typing import Callable, Iterator, Optional, Tuple
 from absl import logging
 import tensorflow as tf
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+from trainer import errors
+from trainer import slurm
+
+REQUEUE_SIGNAL = signal.SIGUSR1
+SIGNALS = (signal.SIGTERM, signal.SIGINT, REQUEUE_SIGNAL)
 DEFAULT_EXIT_CODE = 42
 DEFAULT_GRACE_SECONDS = 25.0
 
@@ -49,7 +60,8 @@ _receiver: Optional["Receiver"] = None
 
 
 def block_signals() -> None:
-  """Blocks SIGTERM and SIGINT in this thread and the threads it starts.
+  """Blocks SIGTERM, SIGINT and SIGUSR1 in this thread and the threads it
+  starts.
 
   Call it before TensorFlow is imported: threads started earlier keep the
   signals unblocked and may take one with its default action.
@@ -58,7 +70,7 @@ def block_signals() -> None:
 
 
 def start_receiver(exit_fn: Callable[[str, int], None]) -> "Receiver":
-  """Blocks SIGTERM and SIGINT and receives them on a daemon thread.
+  """Blocks SIGTERM, SIGINT and SIGUSR1 and receives them on a daemon thread.
 
   Args:
     exit_fn: Called as `exit_fn(line, exit_code)` to end the process at
@@ -90,16 +102,20 @@ class PreemptionWatcher:
   """
 
   def __init__(self, exit_code: int = DEFAULT_EXIT_CODE,
-               num_workers: int = 1):
+               num_workers: int = 1, is_chief: bool = True):
     """Creates a watcher.
 
     Args:
       exit_code: What `errors.Preempted` carries after the save.
       num_workers: Workers that must agree on stopping (`agreed`).
+      is_chief: Whether this process requeues a SLURM job on SIGUSR1.
     """
     self.exit_code = exit_code
     self.num_workers = num_workers
+    self.is_chief = is_chief
     self._received: Optional[int] = None
+    self._requeue = False  # This process got SIGUSR1.
+    self._requeue_agreed = False  # Some worker got SIGUSR1.
     self._previous = {}
     self._armed = 0
     self._trained = False
@@ -107,7 +123,7 @@ class PreemptionWatcher:
 
   def __enter__(self) -> "PreemptionWatcher":
     if _receiver is not None:
-      _receiver.watcher = self
+      _receiver.attach(self)
       return self
     for signum in SIGNALS:
       try:
@@ -123,7 +139,7 @@ class PreemptionWatcher:
     self._previous.clear()
 
   def _handle(self, signum, unused_frame) -> None:
-    self._received = signum
+    self.defer(signum)
     # The next one is handled as if no watcher were installed.
     signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
     logging.warning("received %s: saving a checkpoint after this loop",
@@ -159,6 +175,7 @@ class PreemptionWatcher:
     The signal is recorded before the window is read: a window closing at
     the same time either sees it (and stops) or is seen closed.
     """
+    self._requeue = self._requeue or signum == REQUEUE_SIGNAL
     self._received = signum
     return self.is_armed
 
@@ -167,6 +184,13 @@ class PreemptionWatcher:
     """Whether this process got a signal."""
     return self._received is not None
 
+  def stopped(self, step: int, agreed: bool = False) -> errors.Preempted:
+    """The error to stop with after saving `step`: it asks for a requeue
+    where this process (or, `agreed`, any worker) got SIGUSR1."""
+    requeue = self._requeue_agreed if agreed else self._requeue
+    return errors.Preempted(step, self.exit_code,
+                            requeue=requeue, is_chief=self.is_chief)
+
   def agreed(self, strategy: tf.distribute.Strategy) -> bool:
     """Whether any worker got a signal; every worker must call it each loop.
 
@@ -174,14 +198,16 @@ class PreemptionWatcher:
     loop, so they save the same step together.
     """
     if self.num_workers == 1:
+      self._requeue_agreed = self._requeue
       return self.received
-    flag = tf.constant(1.0 if self.received else 0.0)
+    flags = tf.constant([float(self.received), float(self._requeue)])
     # ReduceOp has no MAX: a sum above zero means some worker got one.
-    count = strategy.reduce(
+    counts = strategy.reduce(
         tf.distribute.ReduceOp.SUM,
         strategy.experimental_distribute_values_from_function(
-            lambda unused_context: flag), axis=None)
-    return bool(count.numpy() > 0)
+            lambda unused_context: flags), axis=None).numpy()
+    self._requeue_agreed = bool(counts[1] > 0)
+    return bool(counts[0] > 0)
 
 
 class Receiver:
@@ -197,7 +223,8 @@ class Receiver:
     """Creates a receiver; `serve` runs it.
 
     Args:
-      exit_fn: Ends the process: `exit_fn(line, exit_code)`.
+      exit_fn: Ends the process: `exit_fn(line, exit_code)`; `line` may be
+        a function returning it, called once the process is sure to exit.
       clock: Seconds, for the grace period.
     """
     self._exit_fn = exit_fn
@@ -208,7 +235,16 @@ class Receiver:
     self._configured = False
     self._first: Optional[int] = None
     self._deadline: Optional[float] = None
+    self._pending_requeue = False  # SIGUSR1 before the watcher came.
     self.watcher: Optional[PreemptionWatcher] = None
+
+  def attach(self, watcher: PreemptionWatcher) -> None:
+    """Makes `watcher` the one signals are recorded in, passing on a
+    SIGUSR1 that came before it."""
+    self.watcher = watcher
+    if self._pending_requeue:
+      self._pending_requeue = False
+      watcher.defer(REQUEUE_SIGNAL)
 
   def configure(self, exit_code: int, grace_seconds: float,
                 training: bool) -> None:
@@ -225,6 +261,9 @@ class Receiver:
     self._configured = True
     if self._first is not None:
       self._exit_now(self._first)
+    if self._pending_requeue and not training:
+      self._pending_requeue = False
+      self._not_training()
 
   def serve(self) -> None:
     """Receives signals until the process ends."""
@@ -241,6 +280,8 @@ class Receiver:
 
   def handle(self, signum: int) -> None:
     """Acts on one signal."""
+    if signum == REQUEUE_SIGNAL and self._first is None and self._wait_to_requeue():
+      return
     if self._first is not None:
       if not self._configured:
         self._exit_now(self._first)
@@ -259,6 +300,29 @@ class Receiver:
       logging.warning("received %s: saving a checkpoint after this loop",
                       _name(signum))
       self._deadline = self._clock() + self._grace_seconds
+
+  def _wait_to_requeue(self) -> bool:
+    """Takes a first SIGUSR1 where it does not stop the process now: before
+    training (the first loop saves), or in a task that does not train.
+    Returns whether it did."""
+    watcher = self.watcher
+    if self._configured and not self._training:
+      self._not_training()
+      return True
+    if watcher is not None and (watcher.is_armed or watcher.trained):
+      return False  # Saved after this loop, or exits now: like SIGTERM.
+    if watcher is not None:
+      watcher.defer(REQUEUE_SIGNAL)
+    else:
+      self._pending_requeue = True
+    logging.warning("received SIGUSR1 before training: saving a checkpoint "
+                    "and requeueing after the first loop")
+    return True
+
+  @staticmethod
+  def _not_training() -> None:
+    logging.warning("received SIGUSR1: this task does not train; the "
+                    "chief's requeue stops it")
 
   def expire(self) -> None:
     """Ends the process: the grace period after the first signal is over."""
@@ -281,9 +345,16 @@ class Receiver:
     code, name = self._exit_code, _name(signum)
     watcher, progress = self.watcher, self._progress()
     if watcher is not None and watcher.trained and progress:
-      line = (f"preempted by {name} after training: the final checkpoint "
-              f"(step {progress[0]}) is saved; run the same command again to "
-              f"finish (exit code {code})")
+      saved = (f"preempted by {name} after training: the final checkpoint "
+               f"(step {progress[0]}) is saved")
+      if signum == REQUEUE_SIGNAL:
+        # Requeued from the exit function, under its lock: the SIGTERM the
+        # requeue sends this task cannot print a second line.
+        line = lambda: (f"{saved}; {slurm.requeue_outcome(watcher.is_chief)}"
+                        f", to finish (exit code {code})")
+      else:
+        line = (f"{saved}; run the same command again to finish (exit code "
+                f"{code})")
     elif self._training:
       line = (f"preempted by {name} before training started: nothing to "
               f"save; run the same command again (exit code {code})")

@@ -22,6 +22,7 @@ from trainer import data_service
 from trainer import errors
 from trainer import parameter_server
 from trainer import placement
+from trainer import slurm
 
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored",
               "parameter_server", "central_storage", "tpu")
@@ -53,6 +54,16 @@ class RuntimeConfig:
       the framework writes TF_CONFIG from it. Without it,
       `multi_worker_mirrored` reads an existing TF_CONFIG.
     task_index: This process's index in `worker_hosts`.
+    port_base: Under `srun` without TF_CONFIG or `worker_hosts`, the cluster
+      comes from the SLURM step, and each task listens on this port plus
+      its local id on its node; None takes
+      `15000 + 16 * (SLURM_JOB_ID % 1000)`, the same for every task of a
+      job and different for jobs sharing a node.
+    num_ps: Under `srun` with 'parameter_server': how many tasks, after the
+      chief (task 0), serve as parameter servers; the rest are workers.
+    evaluator_task: Under `srun` with 'parameter_server': the last task is
+      the sidecar evaluator, evaluating the chief's checkpoints
+      (`--mode=continuous_eval`, whatever `--mode` the tasks share).
     enable_xla: Compile the per-replica computation with XLA (`jit_compile`).
     tpu: TPU address for `TPUClusterResolver` (`local` for TPUs attached to
       this host).
@@ -107,6 +118,9 @@ class RuntimeConfig:
   run_eagerly: bool = False
   worker_hosts: Optional[str] = None
   task_index: int = -1
+  port_base: Optional[int] = None
+  num_ps: int = 0
+  evaluator_task: bool = False
   enable_xla: bool = False
   tpu: Optional[str] = None
   num_gpus: int = 0
@@ -228,6 +242,19 @@ class RuntimeConfig:
           self.task_index == -1,
           f"`runtime.task_index` ({self.task_index}) needs "
           "`runtime.worker_hosts`.")
+    if self.port_base is not None:
+      checks.integer("runtime.port_base", self.port_base, minimum=1024)
+      checks.require(
+          self.port_base + 64 <= slurm.MAX_PORT,
+          f"`runtime.port_base` ({self.port_base}) leaves no room for a "
+          f"node's tasks below port {slurm.MAX_PORT}.")
+    checks.integer("runtime.num_ps", self.num_ps, minimum=0)
+    checks.require(
+        strategy == "parameter_server" or not (self.num_ps or
+                                                self.evaluator_task),
+        "`runtime.num_ps` and `runtime.evaluator_task` split a SLURM step "
+        "for 'parameter_server', not for "
+        f"'{strategy}'.")
     checks.require(
         strategy != "multi_worker_mirrored" or self.num_cpu_devices <= 1,
         "`runtime.num_cpu_devices` does not apply to "
@@ -305,14 +332,14 @@ def create_strategy(config: RuntimeConfig) -> tf.distribute.Strategy:
     errors.ConfigError: For a bad cluster description, or a TPU that cannot
       be reached.
   """
+  cluster.configure(config)
+  cluster.restrict_gpus()
   configure_threads(config)
   configure_devices(config)
   placement.configure(config.model_parallel_devices)
   strategy = config.distribution_strategy
   if strategy == "default":
     return tf.distribute.get_strategy()
-  if strategy == "multi_worker_mirrored":
-    cluster.configure(config.worker_hosts, config.task_index)
   if strategy == "parameter_server":
     return parameter_server.create_strategy(
         config.variable_partitioner, config.variable_partitioner_args)
