@@ -461,3 +461,18 @@ def test_srun_splits_a_step_into_parameter_server_roles(slurm_env, tmp_path):
 def _hostname():
   return subprocess.run(["hostname", "-s"], capture_output=True, text=True,
                         check=True).stdout.strip()
+
+
+def test_a_grace_period_past_killwait_is_said_at_start(slurm_env, tmp_path):
+  # The local cluster keeps SLURM's default KillWait, 30 s.
+  result = _srun(slurm_env, 1, [
+      "--gin_file=gin/digits.gin", "--model_dir=run", "--dry_run",
+      "--gin_param=trainer.preemption_grace_seconds=40"], cwd=tmp_path)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert _task_lines(result.stdout, 0)[0] == (
+      "warning | `trainer.preemption_grace_seconds` (40 s) is not below "
+      "SLURM's KillWait (30 s): its SIGKILL may cut the checkpoint a "
+      "SIGTERM asks for; set it a few seconds lower.")
+  assert "KillWait" not in _srun(
+      slurm_env, 1, ["--gin_file=gin/digits.gin", "--model_dir=run",
+                     "--dry_run"], cwd=tmp_path).stdout

@@ -237,6 +237,17 @@ def run_tool(main: Callable[..., None], program: str, example: str) -> None:
   app.run(lambda _: main(gin_files, *loaded), argv=argv[:1])
 
 
+def _check_kill_wait(grace_seconds: float) -> None:
+  """Warns, in a SLURM job, if the grace period for a checkpoint after
+  SIGTERM does not end before SLURM's SIGKILL."""
+  kill_wait = slurm.kill_wait_seconds()
+  if kill_wait is not None and grace_seconds >= kill_wait:
+    console.warning(
+        f"`trainer.preemption_grace_seconds` ({grace_seconds:g} s) is not "
+        f"below SLURM's KillWait ({kill_wait} s): its SIGKILL may cut the "
+        "checkpoint a SIGTERM asks for; set it a few seconds lower.")
+
+
 def run() -> None:
   """Entry point used by `train.py`.
 
@@ -259,4 +270,5 @@ def run() -> None:
   signals.configure(config.preemption_exit_code,
                     config.preemption_grace_seconds,
                     training=FLAGS.mode in TRAINING_MODES or FLAGS.dry_run)
+  _check_kill_wait(config.preemption_grace_seconds)
   app.run(lambda _: main(model_dir, *loaded), argv=sys.argv[:1])

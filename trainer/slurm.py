@@ -367,3 +367,20 @@ def requeue_outcome(is_chief: bool,
   if not is_chief:
     return f"the chief requeues SLURM job {job}"
   return requeue(environ)
+
+
+def kill_wait_seconds(environ: Mapping[str, str] = os.environ
+                      ) -> Optional[int]:
+  """SLURM's `KillWait`, the seconds between its SIGTERM and its SIGKILL,
+  read with `scontrol show config` inside a SLURM job; None outside one,
+  or where it cannot be read."""
+  if job_id(environ) is None:
+    return None
+  try:
+    result = subprocess.run(["scontrol", "show", "config"],
+                            capture_output=True, text=True, timeout=10,
+                            check=False, env=dict(environ))
+  except (OSError, subprocess.TimeoutExpired):
+    return None
+  match = re.search(r"^KillWait\s*=\s*(\d+)", result.stdout, re.MULTILINE)
+  return int(match.group(1)) if match else None
