@@ -140,7 +140,7 @@ def configure(runtime: "trainer.runtime.RuntimeConfig") -> None:
   elif step is not None:
     _from_slurm(runtime, step)
     _slurm_step = step
-    origin = f"{step.describe()}"
+    origin = step.describe()
   else:
     tasks = slurm.batch_tasks()
     if tasks > 1:
