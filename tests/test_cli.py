@@ -443,6 +443,8 @@ def test_dry_run_checks_everything_and_touches_nothing(trained_dirs,
      dict(warm_start=("runs/pretrained", ("conv1", "conv2")))),
     ("continuous_eval.gin", [], dict(keep=True)),
     ("profile.gin", [], dict(profile=(200, 220))),
+    ("optimizer_parts.gin", [],
+     dict(parts=(("backbone", "head"), {"backbone": 0.1}))),
 ])
 def test_feature_files_stack_on_a_task_file(feature_file, params, expected):
   _, _, config = gin_config.load_config([DIGITS, f"gin/features/{feature_file}"],
@@ -464,6 +466,8 @@ def test_feature_files_stack_on_a_task_file(feature_file, params, expected):
                              config.warm_start.modules),
       "keep": lambda: config.keep_until_evaluated,
       "profile": lambda: config.profile_steps,
+      "parts": lambda: (tuple(config.optimizer_parts),
+                        config.learning_rate_multipliers),
   }
   for name, value in expected.items():
     assert checks[name]() == value, name

@@ -9,7 +9,7 @@ configuration is built, before TensorFlow starts.
 """
 
 import dataclasses
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import gin
 
@@ -18,6 +18,7 @@ from trainer import checks
 from trainer import ema as ema_lib
 from trainer import exports
 from trainer import optimization
+from trainer import optimizer_parts as optimizer_parts_lib
 from trainer import profiler
 from trainer import rollback
 from trainer import scaling
@@ -71,6 +72,13 @@ class TrainerConfig:
       micro-batches) to this global norm; None for no clipping.
     gradient_clip_value: Clip each gradient element to [-v, v]; None for no
       clipping.
+    optimizer_parts: Per-part optimizers: part name -> a regular expression
+      searched in the names of the model's trainable variables, each of
+      which must match exactly one part; each part's optimizer is built
+      under the gin scope of its name (`backbone/optimizer.name = "sgd"`,
+      `backbone/learning_rate.initial = 1e-4`); None: one optimizer.
+    learning_rate_multipliers: Part name -> a factor on that part's
+      learning rate (its whole schedule), e.g. `{"backbone": 0.1}`.
     batch_scaling: None, `keep_global_batch` or `keep_per_replica_batch`:
       how batch sizes and the learning rate follow a replica count other
       than `reference_replicas` (see `trainer.scaling`).
@@ -111,6 +119,8 @@ class TrainerConfig:
   gradient_accumulation_steps: int = 1
   gradient_clip_norm: Optional[float] = None
   gradient_clip_value: Optional[float] = None
+  optimizer_parts: Optional[Dict[str, str]] = None
+  learning_rate_multipliers: Optional[Dict[str, float]] = None
   batch_scaling: Optional[str] = None
   reference_replicas: int = 1
   on_nonfinite: str = "stop"
@@ -132,6 +142,8 @@ class TrainerConfig:
       actions.EarlyStoppingConfig)
 
   def __post_init__(self):
+    optimizer_parts_lib.check(self.optimizer_parts,
+                              self.learning_rate_multipliers)
     checks.field_types("trainer", self)
     self._check_loop()
     self._check_recovery()

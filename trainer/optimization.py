@@ -26,6 +26,7 @@ from official.modeling.optimization.configs import optimization_config
 
 from trainer import checks
 from trainer import errors
+from trainer import optimizer_parts
 
 # Optimizer name -> the settings of `OptimizerConfig` it takes.
 OPTIMIZERS: Dict[str, Tuple[str, ...]] = {
@@ -308,13 +309,26 @@ def unwrap(optimizer: tf_keras.optimizers.Optimizer
   return innermost
 
 
+def parts(optimizer: Optional[tf_keras.optimizers.Optimizer]
+          ) -> Dict[str, tf_keras.optimizers.Optimizer]:
+  """The per-part optimizers inside `optimizer` (`trainer.optimizer_parts`),
+  by part name; {} for one optimizer."""
+  inner = unwrap(optimizer) if optimizer is not None else None
+  if isinstance(inner, optimizer_parts.PartitionedOptimizer):
+    return inner.parts
+  return {}
+
+
 def get_learning_rate(optimizer: tf_keras.optimizers.Optimizer):
-  """Returns the learning rate as set: a schedule, a number or a variable.
+  """Returns the learning rate as set: a schedule, a number or a variable;
+  per-part optimizers answer with their first part's.
 
   The public getter of the newer tf_keras optimizers evaluates a schedule
   instead of returning it.
   """
   inner = unwrap(optimizer)
+  if isinstance(inner, optimizer_parts.PartitionedOptimizer):
+    inner = unwrap(next(iter(inner.parts.values())))
   if isinstance(inner, tf_keras.optimizers.legacy.Optimizer):
     return inner._get_hyper("learning_rate")  # pylint: disable=protected-access
   return inner._learning_rate  # pylint: disable=protected-access
@@ -332,7 +346,7 @@ def current_learning_rate(optimizer: tf_keras.optimizers.Optimizer
   inside a `tf.function`."""
   rate = get_learning_rate(optimizer)
   if isinstance(rate, tf_keras.optimizers.schedules.LearningRateSchedule):
-    rate = rate(unwrap(optimizer).iterations)
+    rate = rate(unwrap(optimizer).iterations)  # Per-part: the first's.
   return tf.cast(tf.convert_to_tensor(rate), tf.float32)
 
 

@@ -406,6 +406,9 @@ class TaskTrainer(orbit.StandardTrainer):
     self._window.assign(tf.zeros([5], tf.float64))
     results["learning_rate"] = float(
         optimization.current_learning_rate(self.optimizer))
+    for part, optimizer in optimization.parts(self.optimizer).items():
+      results[f"learning_rate/{part}"] = float(
+          optimization.current_learning_rate(optimizer))
     if self._measures_input_wait():
       results["input_wait_seconds"] = waited
     return results

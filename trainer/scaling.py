@@ -62,8 +62,13 @@ class ScaledSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
 
 def scale_learning_rate(optimizer: tf_keras.optimizers.Optimizer,
                         factor: float) -> None:
-  """Multiplies `optimizer`'s learning rate (or schedule) by `factor`."""
+  """Multiplies `optimizer`'s learning rate (or schedule) by `factor`; each
+  part's, for per-part optimizers."""
   if factor == 1.0:
+    return
+  for part in optimization.parts(optimizer).values():
+    scale_learning_rate(part, factor)
+  if optimization.parts(optimizer):
     return
   rate = optimization.get_learning_rate(optimizer)
   if isinstance(rate, tf_keras.optimizers.schedules.LearningRateSchedule):

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 from typing import Any, ContextManager, Dict, Optional
 
+import gin
 import orbit
 import tensorflow as tf
 import tf_keras
@@ -19,6 +20,7 @@ from trainer import console
 from trainer import ema
 from trainer import errors
 from trainer import optimization
+from trainer import optimizer_parts
 from trainer import runtime as runtime_lib
 from trainer import scaling
 from trainer import task as task_lib
@@ -148,18 +150,66 @@ def build_optimizer(task: task_lib.Task, model: tf_keras.Model,
     runtime: The precision (float16 adds loss scaling).
     replica_factor: The learning-rate factor of `trainer.batch_scaling`.
   """
-  optimizer = task.create_optimizer(optimization.Settings(
-      config.optimizer, config.learning_rate, config.train_steps))
-  batch_factor = optimization.learning_rate_factor(config.learning_rate,
-                                                   config.global_batch_size)
-  factor = replica_factor if batch_factor is None else batch_factor
-  scaling.scale_learning_rate(optimizer, factor)
-  if batch_factor is not None and batch_factor != 1.0:
-    console.info(f"learning rate | x{batch_factor:g} for global batch "
-                 f"{config.global_batch_size} (rates are written for "
-                 f"{config.learning_rate.reference_batch_size})")
+  if config.optimizer_parts:
+    optimizer = _build_parts(task, model, config, replica_factor)
+  else:
+    optimizer = _build_scaled(
+        task, optimization.Settings(config.optimizer, config.learning_rate,
+                                    config.train_steps),
+        config, replica_factor)
   optimizer = ema.add(optimizer, model, config.ema)
   return runtime_lib.wrap_optimizer(optimizer, runtime)
+
+
+def _build_scaled(task: task_lib.Task, settings: optimization.Settings,
+                  config: config_lib.TrainerConfig, replica_factor: float,
+                  multiplier: float = 1.0,
+                  part: str = "") -> tf_keras.optimizers.Optimizer:
+  """Builds the task's optimizer from `settings`, its learning rate scaled
+  for the batch (or the replicas) and by `multiplier`."""
+  optimizer = task.create_optimizer(settings)
+  batch_factor = optimization.learning_rate_factor(settings.schedule,
+                                                   config.global_batch_size)
+  factor = replica_factor if batch_factor is None else batch_factor
+  scaling.scale_learning_rate(optimizer, factor * multiplier)
+  if batch_factor is not None and batch_factor != 1.0:
+    console.info(f"learning rate | {part + ': ' if part else ''}"
+                 f"x{batch_factor:g} for global batch "
+                 f"{config.global_batch_size} (rates are written for "
+                 f"{settings.schedule.reference_batch_size})")
+  return optimizer
+
+
+def _build_parts(task: task_lib.Task, model: tf_keras.Model,
+                 config: config_lib.TrainerConfig, replica_factor: float
+                 ) -> optimizer_parts.PartitionedOptimizer:
+  """Builds one optimizer per part of `trainer.optimizer_parts`, each from
+  the gin bindings under its part's scope, and says what each part got.
+
+  Raises:
+    errors.ConfigError: See `optimizer_parts.assign`.
+  """
+  owned = optimizer_parts.assign(config.optimizer_parts,
+                                 model.trainable_variables)
+  multipliers = config.learning_rate_multipliers or {}
+  built = {}
+  for part in config.optimizer_parts:
+    with gin.config_scope(part):
+      settings = optimization.Settings(optimization.OptimizerConfig(),
+                                       optimization.ScheduleConfig(),
+                                       config.train_steps)
+      built[part] = _build_scaled(task, settings, config, replica_factor,
+                                  multipliers.get(part, 1.0), part)
+    size = sum(int(v.shape.num_elements()) for v in owned[part])
+    rate = optimization.get_learning_rate(built[part])
+    rate = ("a schedule" if isinstance(
+        rate, tf_keras.optimizers.schedules.LearningRateSchedule)
+            else f"rate {float(tf.convert_to_tensor(rate)):g}")
+    console.info(f"optimizer | part {part}: {len(owned[part])} variable(s), "
+                 f"{size:,} parameters, "
+                 f"{type(optimization.unwrap(built[part])).__name__}, {rate}"
+                 f"{f' (x{multipliers[part]:g})' if part in multipliers else ''}")
+  return optimizer_parts.PartitionedOptimizer(built, owned)
 
 
 def loss_scale_scalars(
