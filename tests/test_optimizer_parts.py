@@ -215,3 +215,23 @@ def test_the_shipped_parts_train_digits_from_the_command_line(tmp_path):
   names = tf.train.load_checkpoint(str(model_dir)).get_variable_to_shape_map()
   assert any("OPTIMIZER_SLOT/optimizer/head/momentum" in n for n in names)
   assert any("OPTIMIZER_SLOT/optimizer/backbone/m" in n for n in names)
+
+
+def test_parts_keep_ema_and_rollback_slots(tmp_path):
+  # EMA wraps the parts; `on_nonfinite='rollback'` makes every part's slots
+  # before the first step, so a checkpoint holds them all from step 0.
+  weights = _train(tmp_path, ["out/optimizer.name = 'adam'",
+                              "ema.decay = 0.5"],
+                   optimizer_parts=PARTS, on_nonfinite="rollback",
+                   train_steps=3)
+  reader = tf.train.load_checkpoint(str(tmp_path))
+  names = reader.get_variable_to_shape_map()
+  kernel = "model/layer_with_weights-1/kernel/"
+  average = reader.get_tensor(
+      kernel + ".OPTIMIZER_SLOT/optimizer/average/.ATTRIBUTES/VARIABLE_VALUE")
+  assert np.abs(average - weights["out/kernel"]).max() > 1e-4  # Averaged.
+  assert kernel + (".OPTIMIZER_SLOT/optimizer/ema_base_optimizer/out/m/"
+                   ".ATTRIBUTES/VARIABLE_VALUE") in names
+  assert "optimizer/ema_base_optimizer/hidden/iter/.ATTRIBUTES/" \
+      "VARIABLE_VALUE" in names
+  assert all(np.isfinite(value).all() for value in weights.values())
