@@ -33,7 +33,7 @@ import dataclasses
 import os
 import sys
 import tempfile
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
@@ -52,6 +52,7 @@ from trainer import cli
 from trainer import errors
 from trainer import gradients
 from trainer import inputs as inputs_lib
+from trainer import named
 from trainer import runners
 from trainer import runtime as runtime_lib
 from trainer import state as state_lib
@@ -133,17 +134,41 @@ def build_run(task: task_lib.Task, strategy: tf.distribute.Strategy,
   first_batch = next(iter(train_input.build()))
   with strategy.scope():
     model = task.build_model()
-    state_lib.ensure_built(model, train_input.dataset.element_spec)
+    named.check_models(type(task).__name__, model)
+    for name, each in named.named(model).items():
+      state_lib.ensure_built(each, train_input.dataset.element_spec, name)
     global_step = orbit.utils.create_global_step()
-    optimizer = tf_keras.optimizers.SGD(FLAGS.learning_rate)
+    if named.several(model):  # One SGD per trained model, by name.
+      optimizer = {name: tf_keras.optimizers.SGD(FLAGS.learning_rate)
+                   for name in named.trainable(model)}
+    else:
+      optimizer = tf_keras.optimizers.SGD(FLAGS.learning_rate)
   if weights is None:
     task.initialize(model, config.warm_start)
   else:
-    model.set_weights(weights)
+    set_weights(model, weights)
   task_trainer = runners.TaskTrainer(
       task, model, optimizer, strategy, train_input, global_step,
       step_options=gradients.StepOptions.from_config(config))
   return Run(train_input, model, optimizer, task_trainer, first_batch)
+
+
+def get_weights(model) -> List[np.ndarray]:
+  """The weights of the model, or of every model in name order."""
+  return [w.numpy() for w in named.weights(model)]
+
+
+def set_weights(model, weights: List[np.ndarray]) -> None:
+  """Sets what `get_weights` returned."""
+  for variable, value in zip(named.weights(model), weights):
+    variable.assign(value)
+
+
+def model_differences(one, many) -> Dict[str, float]:
+  """With several models: each model's max weight difference, by name."""
+  return {name: max_difference([w.numpy() for w in model.weights],
+                               [w.numpy() for w in many[name].weights])
+          for name, model in named.named(one).items()}
 
 
 def max_difference(a: Sequence[Any], b: Sequence[Any]) -> float:
@@ -204,10 +229,11 @@ def check_hooks(task: task_lib.Task, strategy: tf.distribute.Strategy,
                        tf.distribute.InputContext())
   with strategy.scope():
     model = call_hook("build_model", task.build_model)
+  call_hook("build_model", named.check_models, type(task).__name__, model)
   # The framework's own checks, as `train.py` runs them.
   train_input = call_hook("build_inputs", inputs_lib.for_task, task, True,
                           strategy, config, runtime)
-  if model.built:
+  if not named.several(model) and model.built:
     call_hook("build_inputs", state_lib.check_input_ranks, model,
               train_input.dataset.element_spec[0])
   report(True, "build_inputs",
@@ -217,7 +243,9 @@ def check_hooks(task: task_lib.Task, strategy: tf.distribute.Strategy,
   # crops), eval batches go to the model as they are.
   eval_input = call_hook("build_inputs", inputs_lib.for_task, task, False,
                          strategy, config, runtime)
-  state_lib.ensure_built(model, eval_input.dataset.element_spec)
+  for name, each in named.named(model).items():
+    call_hook("build_model", state_lib.ensure_built, each,
+              eval_input.dataset.element_spec, name)
   batch = next(iter(eval_input.dataset))
   hook = ("validation_step" if task_lib.overrides(task, "validation_step")
           else "build_losses")
@@ -281,7 +309,7 @@ def check(task: task_lib.Task, runtime: trainer.RuntimeConfig,
     return False
 
   one = build_run(task, single, config, runtime)
-  initial = one.model.get_weights()
+  initial = get_weights(one.model)
   many = build_run(task, mirrored, config, runtime, weights=initial)
   input_difference = max_difference(
       tf.nest.flatten(one.first_batch, expand_composites=True),
@@ -319,8 +347,8 @@ def compare_replicas(one: Run, many: Run, losses_one: List[float],
                      losses_many: List[float], same_input: bool) -> bool:
   """Reports whether both runs' losses and final weights agree."""
   num_replicas = many.trainer.strategy.num_replicas_in_sync
-  final = one.model.get_weights()
-  weight_difference = max_difference(final, many.model.get_weights())
+  final = get_weights(one.model)
+  weight_difference = max_difference(final, get_weights(many.model))
   weight_tolerance = TOLERANCE * scale(final)
   loss_difference = max(abs(a - b) / max(abs(a), 1.0)
                         for a, b in zip(losses_one, losses_many))
@@ -339,7 +367,17 @@ def compare_replicas(one: Run, many: Run, losses_one: List[float],
     causes.append(DIFFERENT_INPUT_CAUSE)
   if abs(loss_ratio - num_replicas) < 0.05 * num_replicas:
     causes.append(AVERAGING_CAUSE)
-  for name in unsynchronized_batch_norms(one.model):
+  if named.several(one.model):
+    differing = [name for name, difference in model_differences(
+        one.model, many.model).items() if difference > weight_tolerance]
+    if differing:
+      causes.append(
+          f"the update of {', '.join(repr(n) for n in differing)} differs "
+          "with the replica count: its loss is likely averaged over each "
+          "replica's examples, not the global batch (use "
+          "tf.nn.compute_average_loss on per-example losses)")
+  for name in [n for model in named.named(one.model).values()
+               for n in unsynchronized_batch_norms(model)]:
     causes.append(f"BatchNormalization layer '{name}' normalises each "
                   "replica's batch on its own: use "
                   "BatchNormalization(synchronized=True)")
@@ -356,8 +394,8 @@ def compare_replicas(one: Run, many: Run, losses_one: List[float],
 def compare_resume(one: Run, resumed: Run, saved_step: int,
                    same_input: bool) -> bool:
   """Reports whether the resumed run ended with the uninterrupted weights."""
-  final = one.model.get_weights()
-  difference = max_difference(final, resumed.model.get_weights())
+  final = get_weights(one.model)
+  difference = max_difference(final, get_weights(resumed.model))
   steps = int(one.trainer.global_step.numpy())
   figures = (
       f"{saved_step} step(s), checkpoint, restore into a new model and "

@@ -89,7 +89,32 @@ MY_TASKS = textwrap.dedent('''\
 
       def build_losses(self, labels, model_outputs, aux_losses=None):
         return tf.reduce_mean(super().build_losses(labels, model_outputs))
-    ''')
+    
+
+    @gin.configurable
+    class TwoModels(Regression):
+      """Two models, two optimizers; model b's loss is averaged per replica."""
+
+      def build_model(self):
+        return {"a": super().build_model(), "b": super().build_model()}
+
+      def train_step(self, inputs, model, optimizer, metrics=None):
+        features, labels = inputs
+        with tf.GradientTape(persistent=True) as tape:
+          losses_a = self.build_losses(labels, model["a"](features))
+          losses_b = self.build_losses(labels, model["b"](features))
+          loss_a = tf.nn.compute_average_loss(losses_a)
+          loss_b = tf.reduce_mean(losses_b)  # The bug, in one model only.
+        trainer.minimize(tape, loss_a, model["a"].trainable_variables,
+                         optimizer["a"])
+        trainer.minimize(tape, loss_b, model["b"].trainable_variables,
+                         optimizer["b"])
+        return {"loss": loss_a}
+
+      def validation_step(self, inputs, model, metrics=None):
+        features, labels = inputs
+        return {"loss": self.build_losses(labels, model["a"](features))}
+''')
 
 # Name -> a Task class of MY_TASKS, or a gin file of the repository.
 CASES = {
@@ -100,6 +125,7 @@ CASES = {
     "batched": "Batched",
     "scalar_loss": "ScalarLoss",
     "digits": "gin/digits.gin",
+    "two_models": "TwoModels",
 }
 
 
@@ -248,3 +274,14 @@ def test_the_shipped_digits_task_passes(checks):
       "PASS replicas", "PASS resume"]
   assert replica_figures(lines[4])["difference"] < 1e-6
   assert lines[-1].startswith("check_task | PASS: DigitsClassification")
+
+
+def test_several_models_name_the_one_averaged_per_replica(checks):
+  code, lines, stderr = checks["two_models"].result()
+  assert code == 1, stderr[-2000:]
+  assert line(lines, "PASS resume: ").endswith("max weight difference 0")
+  failure = line(lines, "FAIL replicas: ")
+  assert failure.endswith(
+      "Likely cause: the update of 'b' differs with the replica count: its "
+      "loss is likely averaged over each replica's examples, not the global "
+      "batch (use tf.nn.compute_average_loss on per-example losses)"), failure

@@ -18,10 +18,11 @@ from trainer.errors import RunError
 from trainer.experiment import MODES
 from trainer.experiment import run
 from trainer.experiment import TrainerConfig
+from trainer.gradients import minimize
 from trainer.runtime import RuntimeConfig
 from trainer.task import float32_outputs
 from trainer.task import Task
 
 __all__ = ["ConfigError", "MODES", "NonFiniteError", "Preempted",
            "RunError", "RuntimeConfig", "Task", "TrainerConfig",
-           "float32_outputs", "run"]
+           "float32_outputs", "minimize", "run"]

@@ -8,6 +8,7 @@ one on disk for inspection: nothing is deleted because a newer one is bad.
 """
 
 import collections
+import collections.abc
 import os
 import re
 import shutil
@@ -181,6 +182,27 @@ def _mismatch(error: Exception) -> Optional[str]:
   return None
 
 
+def _missing_models(checkpoint: tf.train.Checkpoint,
+                    path: str) -> Optional[str]:
+  """Names the models of a Task with several that `path` holds nothing of
+  (models added since it was saved), or None."""
+  models = checkpoint._trackable_children().get("model")  # pylint: disable=protected-access
+  if not isinstance(models, collections.abc.Mapping):
+    return None
+  try:
+    saved = {name.split("/")[1] for name, _ in tf.train.list_variables(path)
+             if name.startswith("model/")}
+  except (tf.errors.OpError, ValueError):
+    return None
+  missing = [name for name in models if name not in saved]
+  if not missing:
+    return None
+  return (f"it holds nothing of model(s) {', '.join(missing)} (added to the "
+          f"Task since it was saved? it holds {', '.join(sorted(saved))}): "
+          "train in a new --model_dir, and start the models it holds from it "
+          "with `warm_start.model`")
+
+
 def restore(manager: tf.train.CheckpointManager,
             path: Optional[str] = None, partial: bool = False,
             directory: Optional[str] = None) -> Optional[str]:
@@ -221,7 +243,7 @@ def restore(manager: tf.train.CheckpointManager,
                      f"damaged {', '.join(failures)}")
       return candidate
     except Exception as e:  # pylint: disable=broad-except
-      mismatch = _mismatch(e)
+      mismatch = _missing_models(manager.checkpoint, candidate) or _mismatch(e)
       if mismatch:
         raise errors.ConfigError(
             f"checkpoint {candidate} does not fit this model: {mismatch}."

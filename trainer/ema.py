@@ -34,11 +34,13 @@ class EmaConfig:
       with `num_updates`).
     trainable_weights_only: Average only trainable weights; False averages
       every weight (batch-norm statistics too).
+    model: With several models (`trainer.named`), the one averaged.
   """
   decay: Optional[float] = None
   start_step: int = 0
   dynamic_decay: bool = True
   trainable_weights_only: bool = True
+  model: Optional[str] = None
 
   def __post_init__(self):
     checks.require(

@@ -10,12 +10,14 @@ maths.
 import contextlib
 from typing import Callable, ContextManager, Dict
 
+import numpy as np
 import orbit
 import tensorflow as tf
 import tf_keras
 
 from trainer import errors
 from trainer import inputs as inputs_lib
+from trainer import named
 from trainer import task as task_lib
 
 
@@ -43,6 +45,12 @@ class TaskEvaluator(orbit.StandardEvaluator):
       weights: A context in which the model holds the weights to evaluate
         (the EMA averages, say); entered around every evaluation.
     """
+    if named.several(model) and not task_lib.overrides(task,
+                                                       "validation_step"):
+      raise errors.ConfigError(
+          f"{type(task).__name__} builds several models "
+          f"({', '.join(model)}): it must override `validation_step`, which "
+          "gets them by name.")
     self.task = task
     self.model = model
     self.strategy = strategy
@@ -56,6 +64,7 @@ class TaskEvaluator(orbit.StandardEvaluator):
     self._requested_steps = -1  # Of the current evaluation; -1: all.
     self._steps_run = 0
     self._weights = weights
+    self.images: Dict[str, np.ndarray] = {}  # Of the last evaluation.
     super().__init__(
         eval_input.dataset,
         options=orbit.StandardEvaluatorOptions(
@@ -111,5 +120,10 @@ class TaskEvaluator(orbit.StandardEvaluator):
     if self._aggregates:
       results.update(self.task.reduce_aggregated_logs(
           aggregated_logs, global_step=self.global_step))
+    # Images ([height, width, channels]) go to `images`, for the image
+    # summaries and PNG files written after the evaluation.
+    self.images = {name: np.asarray(value) for name, value in results.items()
+                   if np.ndim(value) == 3}
     # Python floats print readably in Orbit's eval line.
-    return {name: float(value) for name, value in results.items()}
+    return {name: float(value) for name, value in results.items()
+            if name not in self.images}

@@ -29,6 +29,7 @@ from trainer import exports
 from trainer import gradients
 from trainer import inputs as inputs_lib
 from trainer import model_dir as model_dir_lib
+from trainer import named
 from trainer import parameter_server
 from trainer import placement
 from trainer import preemption
@@ -170,8 +171,11 @@ class _Parts:
   features_spec: Any = None
 
   def export(self, directory: str) -> None:
-    """Writes a serving SavedModel (EMA weights, if any) to `directory`."""
+    """Writes a serving SavedModel (EMA weights, if any) to `directory`: of
+    the model, or of the one `export.model` names."""
     model = self.state.model
+    if named.several(model):
+      model = model[self.config.export.model]
     with self.state.averaged_weights():
       exports.export(
           model, self.task.export_signatures(model, self.features_spec),
@@ -198,6 +202,8 @@ def _build(task: task_lib.Task, mode: str,
       task, strategy, (train_input or eval_input).dataset.element_spec,
       config, runtime, training=training, replica_factor=replica_factor)
   _report_placement(state)
+  if config.export.at_end or config.export.best:
+    named.check_choice("export.model", config.export.model, state.model)
   parts = _Parts(
       task=task, config=config, runtime=runtime, worker=worker,
       training=training, evaluating=evaluating, state=state,
@@ -225,10 +231,11 @@ def _report_placement(state: state_lib.TrainState) -> None:
   """Says where the variables live, read back from them, when a model is
   split over devices or its variables over parameter servers."""
   lines = []
-  if placement.active() or parameter_server.uses(state.strategy):
-    lines = placement.variables_by_device(state.model)
-  if parameter_server.uses(state.strategy):
-    lines += parameter_server.shard_lines(state.model.variables)
+  for model in named.named(state.model).values():
+    if placement.active() or parameter_server.uses(state.strategy):
+      lines += placement.variables_by_device(model)
+    if parameter_server.uses(state.strategy):
+      lines += parameter_server.shard_lines(model.variables)
   for line in lines:
     console.info(f"placement | {line}")
 
@@ -346,6 +353,10 @@ def _eval_actions(parts: _Parts, controller: controller_lib.Controller,
         export_fn=parts.export if parts.config.export.best else None))
   if early_stopping is not None and parts.evaluating:
     found.append(early_stopping)
+  if parts.evaluating:
+    found.append(lambda unused_output: summaries.write_images(
+        os.path.join(write_dir, "eval"), parts.evaluator.images,
+        parts.state.step()))
   if parts.training and parts.evaluating:
     record = continuous_eval.EvaluatedRecord(write_dir)
     found.append(lambda output: record.add(parts.state.step(), output))

@@ -9,7 +9,7 @@ is faster, and works for any model whose call can be traced.
 import dataclasses
 import os
 import shutil
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 import gin
 import tensorflow as tf
@@ -30,9 +30,11 @@ class ExportConfig:
     at_end: Export when training ends, to `model_dir/export/<step>/`.
     best: Export each new best checkpoint (`best_checkpoint.*`) to
       `model_dir/best/export/<step>/`, replacing the previous best export.
+    model: With several models (`trainer.named`), the one exported.
   """
   at_end: bool = False
   best: bool = False
+  model: Optional[str] = None
 
 
 def default_signatures(model, features_spec) -> Signatures:

@@ -29,15 +29,20 @@ def write_text(path: str, text: str) -> None:
   The file gets the mode an `open(path, "w")` would (0644 under umask 022),
   like the checkpoints beside it, not the temporary file's 0600.
   """
+  write_bytes(path, text.encode("utf-8"))
+
+
+def write_bytes(path: str, data: bytes) -> None:
+  """Writes `data` to `path` as `write_text` writes text."""
   directory = os.path.dirname(path) or "."
   os.makedirs(directory, exist_ok=True)
   # Named after `path`, so a cleanup can tell whose write it was.
-  with tempfile.NamedTemporaryFile("w", dir=directory, delete=False,
+  with tempfile.NamedTemporaryFile("wb", dir=directory, delete=False,
                                    prefix=(f"{TEMPORARY_PREFIX}"
                                            f"{os.path.basename(path)}-"),
                                    suffix=".part") as f:
     try:
-      f.write(text)
+      f.write(data)
       f.flush()
       os.fchmod(f.fileno(), 0o666 & ~_umask())
       os.fsync(f.fileno())

@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any, Callable, List, Optional, Tuple
 
 import tensorflow as tf
+import tf_keras
 
 # (inputs, model, optimizer) -> (loss, gradients, model outputs).
 GradientFn = Callable[..., Tuple[tf.Tensor, List[Optional[tf.Tensor]], Any]]
@@ -184,3 +185,28 @@ def clip(grads: List[Optional[tf.Tensor]], norm: tf.Tensor,
              tf.clip_by_value(g, -options.clip_value, options.clip_value)
              for g in grads]
   return grads
+
+
+def minimize(tape: tf.GradientTape, loss: tf.Tensor, variables,
+             optimizer, options: Optional[StepOptions] = None) -> tf.Tensor:
+  """One optimizer's update in a `train_step` that trains several models.
+
+  Takes the gradient of `loss` (this replica's share of the global-batch
+  mean, as `tf.nn.compute_average_loss` gives) recorded on `tape` with
+  respect to `variables`, scaled and unscaled for a float16 loss-scale
+  optimizer, sums it over replicas, clips it (`options`) and applies it.
+  Use a persistent tape when several losses come from one forward pass.
+
+  Returns:
+    The global norm of the summed gradients before clipping (not finite
+    where a gradient is not).
+  """
+  scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
+  target = loss
+  if scaled:
+    with tape:  # Recorded, so the scaling is part of the gradient.
+      target = optimizer.get_scaled_loss(loss)
+  grads = tape.gradient(target, variables)
+  if scaled:
+    grads = optimizer.get_unscaled_gradients(grads)
+  return clip_and_apply(optimizer, grads, variables, options or StepOptions())

@@ -15,7 +15,7 @@ clips the gradients it has summed over replicas and micro-batches (see
 """
 
 import dataclasses
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 import gin
 import tensorflow as tf
@@ -279,10 +279,20 @@ class Settings:
     optimizer: Gin's `optimizer.*`.
     schedule: Gin's `learning_rate.*`.
     train_steps: The run's last step, where decays end by default.
+    name: The model (or part) the optimizer is for, where a Task has
+      several; its gin scope gave `optimizer` and `schedule`.
   """
   optimizer: OptimizerConfig
   schedule: ScheduleConfig
   train_steps: int
+  name: str = ""
+
+  @classmethod
+  def scoped(cls, name: str, train_steps: int) -> "Settings":
+    """The settings gin binds under the scope `name` (over the unscoped
+    ones): `name/optimizer.*`, `name/learning_rate.*`."""
+    with gin.config_scope(name):
+      return cls(OptimizerConfig(), ScheduleConfig(), train_steps, name)
 
   def build(self) -> tf_keras.optimizers.legacy.Optimizer:
     """Builds the optimizer with its schedule; call inside the scope."""
@@ -307,6 +317,16 @@ def unwrap(optimizer: tf_keras.optimizers.Optimizer
   """Returns the optimizer that owns the learning rate, inside any wrapper."""
   *_, innermost = wrappers(optimizer)
   return innermost
+
+
+def scoped_binding_names() -> Set[str]:
+  """The gin scopes under which `optimizer.*` or `learning_rate.*` are
+  bound (gin accepts any scope name, so a misspelt one would silently be
+  ignored)."""
+  selectors = {gin.config._REGISTRY.get_match(name).selector  # pylint: disable=protected-access
+               for name in ("optimizer", "learning_rate")}
+  return {scope for scope, selector in gin.config._CONFIG  # pylint: disable=protected-access
+          if scope and selector in selectors}
 
 
 def parts(optimizer: Optional[tf_keras.optimizers.Optimizer]

@@ -22,6 +22,7 @@ from trainer import data_service
 from trainer import errors
 from trainer import gradients
 from trainer import inputs as inputs_lib
+from trainer import named
 from trainer import optimization
 from trainer import task as task_lib
 
@@ -88,6 +89,7 @@ class TaskTrainer(orbit.StandardTrainer):
       self.metrics = task.build_metrics(training=True)
     self._run_eagerly = run_eagerly
     self.in_loop = False  # Whether a `train` call is running.
+    self._checked_optimizers = False
     self._create_loop_variables()
     self._configure_step(step_options or gradients.StepOptions(), enable_xla)
     super().__init__(self._train_dataset())
@@ -118,7 +120,7 @@ class TaskTrainer(orbit.StandardTrainer):
     self.discarded_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
                                          name="discarded_batches")
     self._scheduled = isinstance(
-        optimization.get_learning_rate(self.optimizer),
+        optimization.get_learning_rate(named.first(self.optimizer)),
         tf_keras.optimizers.schedules.LearningRateSchedule)
 
   def _host_scope(self) -> ContextManager:
@@ -162,6 +164,12 @@ class TaskTrainer(orbit.StandardTrainer):
           f"steps` ({options.accumulation_steps}) equal micro-batches.")
     # Only the default `train_step` takes `options`; others get nothing.
     self._step_kwargs = {}
+    if named.several(self.model) and not task_lib.overrides(self.task,
+                                                            "train_step"):
+      raise errors.ConfigError(
+          f"{type(self.task).__name__} builds several models "
+          f"({', '.join(self.model)}): it must override `train_step`, which "
+          "gets them and their optimizers by name.")
     if not task_lib.overrides(self.task, "train_step"):
       self._step_kwargs["options"] = options
     elif options != gradients.StepOptions():
@@ -183,7 +191,11 @@ class TaskTrainer(orbit.StandardTrainer):
     """
     self.in_loop = True
     try:
-      return super().train(num_steps)
+      output = super().train(num_steps)
+      if not self._checked_optimizers:
+        self._checked_optimizers = True
+        self._check_every_optimizer_stepped()
+      return output
     except tf.errors.OutOfRangeError as e:
       raise errors.ConfigError(
           "the training dataset yields no batch: it is empty, or smaller "
@@ -194,6 +206,27 @@ class TaskTrainer(orbit.StandardTrainer):
       raise data_service.lost_job(e) from e
     finally:
       self.in_loop = False
+
+  def _check_every_optimizer_stepped(self) -> None:
+    """After the first loop of a Task with several models: each optimizer
+    has applied gradients (a `train_step` that forgets one trains a model
+    that never changes, silently).
+
+    Raises:
+      errors.ConfigError: Naming the optimizers that took no step.
+    """
+    if not named.several(self.optimizer):
+      return
+    idle = [name for name, optimizer in sorted(
+        named.named(self.optimizer).items())
+            if int(optimization.unwrap(optimizer).iterations.numpy()) == 0]
+    if idle:
+      raise errors.ConfigError(
+          f"{type(self.task).__name__}.train_step applied no gradients with "
+          f"the optimizer of {', '.join(repr(n) for n in idle)}: call "
+          "`trainer.minimize(tape, loss, model.trainable_variables, "
+          "optimizer[name])` for each trained model, or freeze the model "
+          "(`model.trainable = False`), which then gets no optimizer.")
 
   def input_resumption(self, input_position: str, num_workers: int) -> str:
     """Returns how a restarted run finds its place in the input.
@@ -290,8 +323,8 @@ class TaskTrainer(orbit.StandardTrainer):
     """The learning rate now if it follows a schedule, else NaN."""
     if not self._scheduled:
       return tf.constant(float("nan"), tf.float64)
-    return tf.cast(optimization.current_learning_rate(self.optimizer),
-                   tf.float64)
+    return tf.cast(optimization.current_learning_rate(
+        named.first(self.optimizer)), tf.float64)
 
   def train_step(self, iterator) -> tf.Tensor:
     """Runs one step on every replica; returns the global mean loss."""
@@ -404,10 +437,13 @@ class TaskTrainer(orbit.StandardTrainer):
     for metric in self.metrics:
       metric.reset_state()
     self._window.assign(tf.zeros([5], tf.float64))
+    # The first optimizer's (or part's) rate, and each one's by name.
     results["learning_rate"] = float(
-        optimization.current_learning_rate(self.optimizer))
-    for part, optimizer in optimization.parts(self.optimizer).items():
-      results[f"learning_rate/{part}"] = float(
+        optimization.current_learning_rate(named.first(self.optimizer)))
+    several = named.named(self.optimizer) if named.several(
+        self.optimizer) else optimization.parts(self.optimizer)
+    for name, optimizer in several.items():
+      results[f"learning_rate/{name}"] = float(
           optimization.current_learning_rate(optimizer))
     if self._measures_input_wait():
       results["input_wait_seconds"] = waited

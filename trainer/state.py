@@ -8,9 +8,8 @@ what checkpoints hold and what is evaluated, exported and fingerprinted.
 
 import dataclasses
 import hashlib
-from typing import Any, ContextManager, Dict, Optional
+from typing import Any, ContextManager, Dict, Union
 
-import gin
 import orbit
 import tensorflow as tf
 import tf_keras
@@ -19,6 +18,7 @@ from trainer import config as config_lib
 from trainer import console
 from trainer import ema
 from trainer import errors
+from trainer import named
 from trainer import optimization
 from trainer import optimizer_parts
 from trainer import runtime as runtime_lib
@@ -31,13 +31,15 @@ class TrainState:
   """What is trained, saved and evaluated.
 
   Attributes:
-    model: The model.
-    optimizer: The optimizer; None in eval modes without EMA.
+    model: The model, or the models by name (`trainer.named`).
+    optimizer: The optimizer, or the optimizers by model name; None in eval
+      modes without EMA.
     global_step: The global step.
     strategy: The strategy the variables were made in.
   """
-  model: tf_keras.Model
-  optimizer: Optional[tf_keras.optimizers.Optimizer]
+  model: Union[tf_keras.Model, Dict[str, tf_keras.Model]]
+  optimizer: Union[None, tf_keras.optimizers.Optimizer,
+                   Dict[str, tf_keras.optimizers.Optimizer]]
   global_step: tf.Variable
   strategy: tf.distribute.Strategy
 
@@ -53,13 +55,18 @@ class TrainState:
     return items
 
   def averaged_weights(self) -> ContextManager:
-    """A context in which the model holds its EMA weights, if any."""
-    return ema.averaged_weights(self.optimizer, self.strategy)
+    """A context in which the (`ema.model`) model holds its EMA weights, if
+    any."""
+    averaged = next((optimizer for optimizer in
+                     named.named(self.optimizer).values()
+                     if ema.find(optimizer) is not None), None)
+    return ema.averaged_weights(averaged, self.strategy)
 
   def all_finite(self) -> bool:
     """Whether every model and optimizer variable is finite (one read)."""
-    variables = (self.model.variables +
-                 optimization.optimizer_variables(self.optimizer))
+    variables = named.variables(self.model) + [
+        v for optimizer in named.named(self.optimizer).values()
+        for v in optimization.optimizer_variables(optimizer)]
     checks = [tf.reduce_all(tf.math.is_finite(v)) for v in variables
               if v.dtype.is_floating]
     return bool(tf.reduce_all(checks).numpy()) if checks else True
@@ -82,31 +89,44 @@ def build(task: task_lib.Task, strategy: tf.distribute.Strategy,
   """
   with strategy.scope():
     model = task.build_model()
-    ensure_built(model, element_spec)
+    named.check_models(type(task).__name__, model)
+    for name, each in named.named(model).items():
+      ensure_built(each, element_spec, name)
     global_step = orbit.utils.create_global_step()
     optimizer = None
     if training or config.ema.enabled:
       # Evaluation builds it too with EMA: the averages are its slots.
-      optimizer = build_optimizer(task, model, config, runtime,
-                                  replica_factor)
+      optimizer = (
+          _build_several(task, model, config, runtime, replica_factor)
+          if named.several(model) else
+          build_optimizer(task, model, config, runtime, replica_factor))
     if training and config.on_nonfinite == "rollback":
       # A rollback may go back to a checkpoint saved before the first step;
       # it must hold the optimizer slots too, or they would keep the
       # non-finite values.
-      optimization.create_slots(optimizer, model.trainable_variables)
+      models = named.named(model)
+      for name, each in named.named(optimizer).items():
+        optimization.create_slots(each, models[name].trainable_variables)
   return TrainState(model, optimizer, global_step, strategy)
 
 
-def ensure_built(model: tf_keras.Model, element_spec) -> None:
+def ensure_built(model: tf_keras.Model, element_spec, name: str = "") -> None:
   """Builds `model` from the input spec so checkpoints restore at once.
 
   Raises:
     errors.ConfigError: If the model declares inputs one rank lower than
-      the batched features: the examples were batched already.
+      the batched features: the examples were batched already; or if one
+      of several models (`name`) is not built: the input's features need
+      not be its inputs.
   """
   if model.built:
-    check_input_ranks(model, element_spec[0])
+    if not name:
+      check_input_ranks(model, element_spec[0])
     return
+  if name:
+    raise errors.ConfigError(
+        f"model '{name}' is not built: with several models, give each an "
+        "input shape (`tf_keras.Input`) or call it once in `build_model`.")
   features_spec = element_spec[0]
   dummy = tf.nest.map_structure(
       lambda spec: tf.zeros([1] + spec.shape.as_list()[1:], spec.dtype),
@@ -150,6 +170,9 @@ def build_optimizer(task: task_lib.Task, model: tf_keras.Model,
     runtime: The precision (float16 adds loss scaling).
     replica_factor: The learning-rate factor of `trainer.batch_scaling`.
   """
+  named.check_choice("ema.model", config.ema.model, model)
+  named.check_scopes(optimization.scoped_binding_names(),
+                     config.optimizer_parts or (), "optimizer part")
   if config.optimizer_parts:
     optimizer = _build_parts(task, model, config, replica_factor)
   else:
@@ -194,39 +217,77 @@ def _build_parts(task: task_lib.Task, model: tf_keras.Model,
   multipliers = config.learning_rate_multipliers or {}
   built = {}
   for part in config.optimizer_parts:
-    with gin.config_scope(part):
-      settings = optimization.Settings(optimization.OptimizerConfig(),
-                                       optimization.ScheduleConfig(),
-                                       config.train_steps)
-      built[part] = _build_scaled(task, settings, config, replica_factor,
-                                  multipliers.get(part, 1.0), part)
+    built[part] = _build_scaled(
+        task, optimization.Settings.scoped(part, config.train_steps), config,
+        replica_factor, multipliers.get(part, 1.0), part)
     size = sum(int(v.shape.num_elements()) for v in owned[part])
-    rate = optimization.get_learning_rate(built[part])
-    rate = ("a schedule" if isinstance(
-        rate, tf_keras.optimizers.schedules.LearningRateSchedule)
-            else f"rate {float(tf.convert_to_tensor(rate)):g}")
     console.info(f"optimizer | part {part}: {len(owned[part])} variable(s), "
-                 f"{size:,} parameters, "
-                 f"{type(optimization.unwrap(built[part])).__name__}, {rate}"
+                 f"{size:,} parameters, {_describe(built[part])}"
                  f"{f' (x{multipliers[part]:g})' if part in multipliers else ''}")
   return optimizer_parts.PartitionedOptimizer(built, owned)
 
 
-def loss_scale_scalars(
-    optimizer: tf_keras.optimizers.Optimizer) -> Dict[str, float]:
-  """Returns the float16 loss scale as a scalar, if there is one."""
-  if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
-    return {"loss_scale": float(optimizer.loss_scale)}
-  return {}
+def _describe(optimizer: tf_keras.optimizers.Optimizer) -> str:
+  """E.g. `Adam, rate 0.001` or `SGD, a schedule`."""
+  rate = optimization.get_learning_rate(optimizer)
+  rate = ("a schedule" if isinstance(
+      rate, tf_keras.optimizers.schedules.LearningRateSchedule)
+          else f"rate {float(tf.convert_to_tensor(rate)):g}")
+  return f"{type(optimization.unwrap(optimizer)).__name__}, {rate}"
 
 
-def weights_fingerprint(model: tf_keras.Model) -> str:
-  """Returns a short hash of every weight's bytes, in `model.weights` order.
+def _build_several(task: task_lib.Task, models: Dict[str, tf_keras.Model],
+                   config: config_lib.TrainerConfig,
+                   runtime: runtime_lib.RuntimeConfig, replica_factor: float
+                   ) -> Dict[str, tf_keras.optimizers.Optimizer]:
+  """Builds one optimizer per trainable model of a Task with several, each
+  from the gin bindings under the model's name, scaled, averaged (the
+  `ema.model`) and loss-scaled.
+
+  Raises:
+    errors.ConfigError: For per-part optimizers (each model has its own),
+      a gin scope or `ema.model` naming no model.
+  """
+  if config.optimizer_parts:
+    raise errors.ConfigError(
+        "`trainer.optimizer_parts` splits one model's variables; a Task with "
+        "several models gives each its own optimizer (bound under its "
+        "name: `generator/optimizer.*`).")
+  trainable = named.trainable(models)
+  named.check_scopes(optimization.scoped_binding_names(), trainable,
+                     "trained model")
+  if config.ema.enabled:
+    named.check_choice("ema.model", config.ema.model, models)
+  optimizers = {}
+  for name, model in trainable.items():
+    optimizer = _build_scaled(
+        task, optimization.Settings.scoped(name, config.train_steps), config,
+        replica_factor, part=name)
+    console.info(f"optimizer | {name}: {named.describe(model)}, "
+                 f"{_describe(optimizer)}")
+    if config.ema.model == name:
+      optimizer = ema.add(optimizer, model, config.ema)
+    optimizers[name] = runtime_lib.wrap_optimizer(optimizer, runtime)
+  return optimizers
+
+
+def loss_scale_scalars(optimizer) -> Dict[str, float]:
+  """Returns each float16 loss scale as a scalar: `loss_scale`, or
+  `loss_scale/<model>` with several models."""
+  return {("loss_scale/" + name if name else "loss_scale"):
+          float(each.loss_scale)
+          for name, each in named.named(optimizer).items()
+          if isinstance(each, tf_keras.mixed_precision.LossScaleOptimizer)}
+
+
+def weights_fingerprint(model) -> str:
+  """Returns a short hash of every weight's bytes, in `model.weights` order
+  (of every model, in name order, with several).
 
   Equal fingerprints mean bit-identical weights: compare them across
   workers, replicas or reruns.
   """
   digest = hashlib.sha256()
-  for weight in model.weights:
+  for weight in named.weights(model):
     digest.update(weight.numpy().tobytes())
   return digest.hexdigest()[:16]

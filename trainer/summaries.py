@@ -55,6 +55,25 @@ def write_scalars(writer: Writer, scalars: Mapping[str, object], step: int,
     writer.flush()
 
 
+def write_images(log_dir: str, images: Mapping[str, np.ndarray],
+                 step: int) -> None:
+  """Writes each image (`[height, width, channels]`, values in [0, 1]) as
+  an image summary in `log_dir` and as `log_dir/images/<name>-<step>.png`."""
+  if not images:
+    return
+  writer = tf.summary.create_file_writer(log_dir)
+  with writer.as_default(step=step):
+    for name, image in images.items():
+      tf.summary.image(name, image[None], step=step)
+  writer.close()
+  for name, image in images.items():
+    png = tf.io.encode_png(tf.cast(tf.round(tf.clip_by_value(
+        tf.convert_to_tensor(image, tf.float32), 0.0, 1.0) * 255), tf.uint8))
+    files.write_bytes(os.path.join(
+        log_dir, "images", f"{name.replace('/', '_')}-{step}.png"),
+                      png.numpy())
+
+
 def write_operative_config(directory: str,
                            writer: Optional[Writer],
                            step: int) -> str:

@@ -16,6 +16,7 @@ import tf_keras
 from trainer import errors
 from trainer import exports
 from trainer import gradients
+from trainer import named
 from trainer import optimization
 from trainer import placement
 from trainer import warm_start as warm_start_lib
@@ -124,11 +125,16 @@ class Task:
     scratch (a restarted run restores its own checkpoint instead).
 
     The default loads `warm_start` (gin's `warm_start.*`) if it names a
-    checkpoint. An override should call `super().initialize(...)` to keep
+    checkpoint, into the model `warm_start.model` names where there are
+    several. An override should call `super().initialize(...)` to keep
     warm starts working.
     """
-    if warm_start is not None:
-      warm_start_lib.restore(model, warm_start)
+    if warm_start is None or warm_start.checkpoint is None:
+      return
+    named.check_choice("warm_start.model", warm_start.model, model)
+    warm_start_lib.restore(
+        model[warm_start.model] if named.several(model) else model,
+        warm_start)
 
   def export_signatures(self, model: tf_keras.Model,
                         features_spec) -> exports.Signatures:
@@ -254,7 +260,12 @@ class Task:
   def reduce_aggregated_logs(self, aggregated_logs: Any,
                              global_step: Optional[tf.Tensor] = None
                              ) -> Dict[str, Any]:
-    """Turns the state built by `aggregate_logs` into named eval results."""
+    """Turns the state built by `aggregate_logs` into named eval results.
+
+    A scalar is reported and summarised like the metrics; an image
+    (`[height, width, channels]`, values in [0, 1]) becomes an image
+    summary in `model_dir/eval` and `model_dir/eval/images/<name>-<step>.png`.
+    """
     del aggregated_logs, global_step
     return {}
 

@@ -37,12 +37,15 @@ class WarmStartConfig:
       by attribute path (`backbone`, `backbone.stem`) or layer name; the
       other weights keep their initial values.
     checkpoint_key: The model's name in the checkpoint: `model` in this
-      framework's and Model Garden's checkpoints, '' in one written by
-      `model.save_weights`.
+      framework's and Model Garden's checkpoints (`model/<name>` for one of
+      several there), '' in one written by `model.save_weights`.
+    model: With several models (`trainer.named`), the one initialised (a
+      distillation's teacher from its own run, say).
   """
   checkpoint: Optional[str] = None
   modules: Sequence[str] = ()
   checkpoint_key: str = "model"
+  model: Optional[str] = None
 
   def __post_init__(self):
     object.__setattr__(self, "modules", tuple(self.modules))
@@ -139,6 +142,8 @@ def restore(model: tf_keras.Model, config: WarmStartConfig) -> Optional[str]:
   root = (tf.train.Checkpoint(**{config.checkpoint_key: part})
           if config.checkpoint_key else part)
   what = ", ".join(config.modules) or "the whole model"
+  if config.model:
+    what = f"model '{config.model}': {what}"
   try:
     status = root.read(prefix)
     status.expect_partial()  # The optimizer and the rest are not wanted.

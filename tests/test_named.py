@@ -1,0 +1,259 @@
+"""trainer.named: several models and optimizers in one Task, shown on the
+shipped conditional GAN (generator, discriminator, classifier): built and
+checkpointed by name, resumed exactly, replica invariant, loss-scaled per
+optimizer, exported by name; and its mistakes, one line each."""
+
+import os
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import trainer
+from trainer import errors
+from trainer import experiment
+from tasks import digits_gan
+
+import helpers
+
+MODELS = ("classifier", "discriminator", "generator")
+
+
+def _config(**overrides):
+  settings = dict(train_steps=20, steps_per_loop=10, summary_interval=10,
+                  global_batch_size=32, eval_batch_size=60,
+                  checkpoint_interval=10, validation_steps=2)
+  settings.update(overrides)
+  return trainer.TrainerConfig(**settings)
+
+
+def _run(model_dir, bindings=(), mode="train", runtime=None, task=None,
+         **config):
+  task = task or digits_gan.DigitsConditionalGan()
+  gin.clear_config()
+  gin.parse_config(["optimizer.name = 'adam'",
+                    "optimizer.learning_rate = 0.0002", *bindings])
+  if isinstance(task, digits_gan.DigitsConditionalGan):
+    gin.parse_config("classifier/optimizer.learning_rate = 0.001")
+  return experiment.run(task, mode,
+                        str(model_dir),
+                        runtime or trainer.RuntimeConfig(seed=0),
+                        _config(**config))
+
+
+def test_several_models_train_and_checkpoint_by_name(tmp_path):
+  results = _run(tmp_path, mode="train_and_eval")
+  assert {"classifier_accuracy", "real_accuracy", "loss"} <= set(results)
+  names = tf.train.load_checkpoint(str(tmp_path)).get_variable_to_shape_map()
+  for model in MODELS:
+    assert any(n.startswith(f"model/{model}/") for n in names), model
+    assert f"optimizer/{model}/iter/.ATTRIBUTES/VARIABLE_VALUE" in names
+  scalars = helpers.read_scalars(str(tmp_path / "train"))
+  for name in ("generator_loss", "discriminator_loss", "classifier_loss",
+               "gradient_norm/generator", "gradient_norm/discriminator",
+               "gradient_norm/classifier"):
+    assert np.isfinite(scalars[name][-1][1]) and scalars[name][-1][1] > 0, name
+  # Each optimizer's rate, from the bindings under its model's name.
+  assert scalars["learning_rate/classifier"][-1][1] == pytest.approx(1e-3)
+  assert scalars["learning_rate/generator"][-1][1] == pytest.approx(2e-4)
+  assert helpers.checkpoint_step(str(tmp_path)) == 20
+  # The sample grid: a PNG and an image summary per evaluation.
+  png = tf.io.decode_png(tf.io.read_file(
+      str(tmp_path / "eval" / "images" / "samples-20.png")))
+  assert png.shape == (80, 80, 1)
+  assert "samples" in helpers.read_tags(str(tmp_path / "eval"))
+
+
+def _numbers(model_dir):
+  return {name: value for name, value in
+          helpers.checkpoint_numbers(str(model_dir)).items()
+          if name.startswith(("model/", "optimizer/"))}
+
+
+def test_several_models_resume_exactly(tmp_path):
+  _run(tmp_path / "straight", train_steps=20)
+  _run(tmp_path / "resumed", train_steps=10)
+  _run(tmp_path / "resumed", train_steps=20)
+  straight, resumed = _numbers(tmp_path / "straight"), _numbers(
+      tmp_path / "resumed")
+  assert sorted(straight) == sorted(resumed)
+  for name in straight:
+    np.testing.assert_array_equal(straight[name], resumed[name], name)
+
+
+def test_several_models_are_replica_invariant(tmp_path):
+  # Plain SGD, which keeps a wrong loss scaling visible in the weights.
+  sgd = ["optimizer.name = 'sgd'", "optimizer.learning_rate = 0.05",
+         "classifier/optimizer.learning_rate = 0.05"]
+  _run(tmp_path / "one", sgd)
+  _run(tmp_path / "two", sgd, runtime=trainer.RuntimeConfig(
+      seed=0, distribution_strategy="mirrored", num_cpu_devices=2))
+  one, two = _numbers(tmp_path / "one"), _numbers(tmp_path / "two")
+  assert max(float(np.max(np.abs(one[k] - two[k]))) for k in one) < 1e-5
+
+
+def test_each_optimizer_has_its_own_float16_loss_scale(tmp_path):
+  _run(tmp_path, runtime=trainer.RuntimeConfig(
+      seed=0, mixed_precision_dtype="float16"))
+  tags = helpers.read_tags(str(tmp_path / "train"))
+  assert {f"loss_scale/{m}" for m in MODELS} <= tags
+  names = tf.train.load_checkpoint(str(tmp_path)).get_variable_to_shape_map()
+  for model in MODELS:
+    assert any(n.startswith(f"optimizer/{model}/loss_scale/") for n in names)
+
+
+def test_the_chosen_model_is_exported_and_serves(tmp_path):
+  _run(tmp_path, ["export.at_end = True", "export.model = 'generator'"],
+       export=trainer.experiment.config_lib.exports.ExportConfig(
+           at_end=True, model="generator"))
+  served = tf.saved_model.load(str(tmp_path / "export" / "20"))
+  images = served.signatures["serving_default"](
+      label=tf.constant([3, 7]), noise=tf.zeros([2, 32]))["image"]
+  assert images.shape == (2, 8, 8, 1)
+
+
+class _SharedLayer(digits_gan.DigitsConditionalGan):
+
+  def build_model(self):
+    models = super().build_model()
+    shared = models["generator"].get_layer("g_dense0")
+    models["critic"] = tf_keras.Sequential([tf_keras.Input((48,)), shared])
+    return models
+
+
+class _NoOverride(trainer.Task):
+
+  def build_model(self):
+    return {"a": tf_keras.Sequential([tf_keras.Input((64,)),
+                                      tf_keras.layers.Dense(1)])}
+
+  build_inputs = digits_gan.DigitsConditionalGan.build_inputs
+  shuffle_seed = 0
+
+  def build_losses(self, labels, model_outputs, aux_losses=None):
+    return tf.zeros_like(labels, tf.float32)
+
+
+class _SkipsTheDiscriminator(digits_gan.DigitsConditionalGan):
+
+  def train_step(self, inputs, model, optimizer, metrics=None):
+    features, labels = inputs
+    with tf.GradientTape() as tape:
+      fake = model["generator"]([features["noise"], labels], training=True)
+      loss = tf.nn.compute_average_loss(tf.reduce_mean(
+          tf.square(fake), axis=[1, 2, 3]))
+    trainer.minimize(tape, loss, model["generator"].trainable_variables,
+                     optimizer["generator"])
+    return {"loss": loss}
+
+
+@pytest.mark.parametrize("bindings, task, settings, message", [
+    (["discriminatr/optimizer.learning_rate = 0.1"], None, {},
+     r"^gin binds `discriminatr/optimizer.\*` or `discriminatr/learning_rate"
+     r".\*`, but no trained model is named 'discriminatr'; the trained models "
+     r"are generator, discriminator, classifier\.$"),
+    ([], _SharedLayer(), {},
+     r"^models 'generator' and 'critic' of _SharedLayer share the trainable "
+     r"variable g_dense0/kernel: two optimizers cannot own one variable"),
+    ([], _NoOverride(), {},
+     r"^_NoOverride builds several models \(a\): it must override "
+     r"`train_step`, which gets them and their optimizers by name\.$"),
+    ([], None, dict(export=trainer.experiment.config_lib.exports.ExportConfig(
+        at_end=True, model="critic")),
+     r"^`export.model` \('critic'\) names no model of the Task; its models "
+     r"are generator, discriminator, classifier\.$"),
+    ([], None, dict(export=trainer.experiment.config_lib.exports.ExportConfig(
+        at_end=True)),
+     r"^the Task builds several models \(generator, discriminator, "
+     r"classifier\): set `export.model` to the one it applies to\.$"),
+    (["ema.decay = 0.99"], None, {},
+     r"^the Task builds several models \(generator, discriminator, "
+     r"classifier\): set `ema.model` to the one it applies to\.$"),
+    ([], _SkipsTheDiscriminator(), {},
+     r"^_SkipsTheDiscriminator.train_step applied no gradients with the "
+     r"optimizer of 'classifier', 'discriminator'"),
+])
+def test_mistakes_with_several_models_are_one_line(tmp_path, bindings, task,
+                                                   settings, message):
+  if "ema.decay = 0.99" in bindings:
+    settings = dict(ema=trainer.experiment.config_lib.ema_lib.EmaConfig(
+        decay=0.99))
+  with pytest.raises(errors.ConfigError, match=message):
+    _run(tmp_path, bindings, task=task, **settings)
+  assert not os.path.exists(tmp_path / "checkpoint")
+
+
+def _readme_block(first_line):
+  """The fenced block of README.md whose first line is `first_line`."""
+  text = open(os.path.join(helpers.REPO_ROOT, "README.md")).read()
+  for block in text.split("```")[1::2]:
+    body = block.split("\n", 1)[1] if "\n" in block else ""
+    if body.startswith(first_line):
+      return body
+  raise AssertionError(f"no README block starts with {first_line!r}")
+
+
+def test_the_readme_two_optimizer_task_trains_as_written(tmp_path):
+  # As a user copies it: the module and the gin file in their own folder,
+  # train.py run from there with a relative model_dir.
+  (tmp_path / "my_gan.py").write_text(_readme_block("# my_gan.py"))
+  (tmp_path / "my_gan.gin").write_text(_readme_block("# my_gan.gin"))
+  result = helpers.run_cli(["--gin_file=my_gan.gin", "--model_dir=runs/gan"],
+                           cwd=str(tmp_path))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "optimizer | critic: 4 variable(s), 57 parameters, Adam, rate 0.001" \
+      in result.stdout
+  assert "optimizer | generator: 4 variable(s), 49 parameters, Adam, rate " \
+      "0.01" in result.stdout
+  names = tf.train.load_checkpoint(str(tmp_path / "runs" / "gan")
+                                   ).get_variable_to_shape_map()
+  assert {n.split("/")[1] for n in names if n.startswith("optimizer/")} == {
+      "critic", "generator"}
+  # The generator learnt the regression: eval loss far below the labels'
+  # variance (about 14).
+  loss = helpers.read_scalars(str(tmp_path / "runs" / "gan" / "eval"))["loss"]
+  assert loss[-1][1] < 2.0, loss
+
+
+class _WithCritic(digits_gan.DigitsConditionalGan):
+  """The GAN with a model added since its checkpoints were saved."""
+
+  def build_model(self):
+    models = super().build_model()
+    models["critic"] = tf_keras.Sequential(
+        [tf_keras.Input((8, 8, 1)), tf_keras.layers.Flatten(),
+         tf_keras.layers.Dense(1)])
+    return models
+
+
+def test_a_checkpoint_from_before_a_model_was_added_is_one_line(tmp_path):
+  _run(tmp_path, train_steps=10)
+  before = helpers.snapshot(str(tmp_path))
+  with pytest.raises(errors.ConfigError,
+                     match=r"^checkpoint .*ckpt-10 does not fit this model: "
+                     r"it holds nothing of model\(s\) critic \(added to the "
+                     r"Task since it was saved\? it holds classifier, "
+                     r"discriminator, generator\): train in a new "
+                     r"--model_dir, and start the models it holds from it "
+                     r"with `warm_start.model`\.$"):
+    _run(tmp_path, task=_WithCritic(), train_steps=20)
+  assert helpers.snapshot(str(tmp_path)) == before  # Nothing lost.
+
+
+def test_ema_averages_the_model_it_names(tmp_path):
+  ema = trainer.experiment.config_lib.ema_lib.EmaConfig(decay=0.9,
+                                                         model="generator")
+  _run(tmp_path, mode="train_and_eval", ema=ema,
+       on_nonfinite="rollback")  # Rollback: every optimizer's slots first.
+  reader = tf.train.load_checkpoint(str(tmp_path))
+  averages = {n.split("/")[1] for n in reader.get_variable_to_shape_map()
+              if n.endswith("/.OPTIMIZER_SLOT/optimizer/generator/average/"
+                            ".ATTRIBUTES/VARIABLE_VALUE")}
+  assert averages == {"generator"}
+  kernel = "model/generator/layer_with_weights-1/kernel/"
+  average = reader.get_tensor(kernel + ".OPTIMIZER_SLOT/optimizer/generator/"
+                              "average/.ATTRIBUTES/VARIABLE_VALUE")
+  assert np.abs(average - reader.get_tensor(
+      kernel + ".ATTRIBUTES/VARIABLE_VALUE")).max() > 0
