@@ -132,9 +132,10 @@ def weights(models: Any) -> list:
           for w in model.weights]
 
 
-def describe(model: tf_keras.Model) -> str:
-  """E.g. `4 variable(s), 18,816 parameters`."""
-  variables_ = model.trainable_variables
+def describe(variables_: Iterable) -> str:
+  """E.g. `4 variable(s), 18,816 parameters`, of a model's (or a part's)
+  trainable variables."""
+  variables_ = list(variables_)
   size = sum(int(v.shape.num_elements()) for v in variables_)
   return f"{len(variables_)} variable(s), {size:,} parameters"
 

@@ -220,9 +220,8 @@ def _build_parts(task: task_lib.Task, model: tf_keras.Model,
     built[part] = _build_scaled(
         task, optimization.Settings.scoped(part, config.train_steps), config,
         replica_factor, multipliers.get(part, 1.0), part)
-    size = sum(int(v.shape.num_elements()) for v in owned[part])
-    console.info(f"optimizer | part {part}: {len(owned[part])} variable(s), "
-                 f"{size:,} parameters, {_describe(built[part])}"
+    console.info(f"optimizer | part {part}: {named.describe(owned[part])}, "
+                 f"{_describe(built[part])}"
                  f"{f' (x{multipliers[part]:g})' if part in multipliers else ''}")
   return optimizer_parts.PartitionedOptimizer(built, owned)
 
@@ -263,7 +262,8 @@ def _build_several(task: task_lib.Task, models: Dict[str, tf_keras.Model],
     optimizer = _build_scaled(
         task, optimization.Settings.scoped(name, config.train_steps), config,
         replica_factor, part=name)
-    console.info(f"optimizer | {name}: {named.describe(model)}, "
+    console.info(f"optimizer | {name}: "
+                 f"{named.describe(model.trainable_variables)}, "
                  f"{_describe(optimizer)}")
     if config.ema.model == name:
       optimizer = ema.add(optimizer, model, config.ema)
