@@ -151,9 +151,10 @@ class _SkipsTheDiscriminator(digits_gan.DigitsConditionalGan):
 
 @pytest.mark.parametrize("bindings, task, settings, message", [
     (["discriminatr/optimizer.learning_rate = 0.1"], None, {},
-     r"^gin binds `discriminatr/optimizer.\*` or `discriminatr/learning_rate"
-     r".\*`, but no trained model is named 'discriminatr'; the trained models "
-     r"are generator, discriminator, classifier\.$"),
+     r"^gin binds settings under `discriminatr/` \(`optimizer.\*`, "
+     r"`learning_rate.\*` or `trainer.\*`\), but no trained model is named "
+     r"'discriminatr'; the trained models are generator, discriminator, "
+     r"classifier\.$"),
     ([], _SharedLayer(), {},
      r"^models 'generator' and 'critic' of _SharedLayer share the trainable "
      r"variable g_dense0/kernel: two optimizers cannot own one variable"),
@@ -257,3 +258,33 @@ def test_ema_averages_the_model_it_names(tmp_path):
                               "average/.ATTRIBUTES/VARIABLE_VALUE")
   assert np.abs(average - reader.get_tensor(
       kernel + ".ATTRIBUTES/VARIABLE_VALUE")).max() > 0
+
+
+def test_clipping_is_bound_per_model(tmp_path):
+  # SGD: an update is the rate times the (clipped) gradient.
+  sgd = ["optimizer.name = 'sgd'", "optimizer.learning_rate = 0.1",
+         "classifier/optimizer.learning_rate = 0.1",
+         "discriminator/trainer.gradient_clip_norm = 0.001"]
+  _run(tmp_path, sgd, train_steps=2, steps_per_loop=1, summary_interval=1,
+       checkpoint_interval=1)
+  # The second step's update: from ckpt-1 to ckpt-2.
+  start = helpers.checkpoint_numbers(str(tmp_path / "ckpt-1"))
+  step = helpers.checkpoint_numbers(str(tmp_path / "ckpt-2"))
+
+  def update_norm(model):
+    return float(np.sqrt(sum(
+        np.sum(np.square(step[name] - start[name])) for name in start
+        if name.startswith(f"model/{model}/") and "OPTIMIZER" not in name)))
+
+  assert update_norm("discriminator") == pytest.approx(0.1 * 0.001, rel=1e-3)
+  assert update_norm("generator") > 10 * 0.1 * 0.001  # Not clipped.
+  scalars = helpers.read_scalars(str(tmp_path / "train"))
+  assert scalars["gradient_norm/discriminator"][-1][1] > 0.001  # Before.
+
+
+def test_gradient_accumulation_is_refused_for_several_models(tmp_path):
+  with pytest.raises(errors.ConfigError,
+                     match=r"^`trainer.gradient_accumulation_steps` cuts the "
+                     r"default train_step's batch into micro-batches; a Task "
+                     r"with several models runs its own step"):
+    _run(tmp_path, gradient_accumulation_steps=2)

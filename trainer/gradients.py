@@ -10,6 +10,7 @@ batch, identical on every replica, whatever the replica count.
 """
 
 import dataclasses
+import weakref
 from typing import Any, Callable, List, Optional, Tuple
 
 import tensorflow as tf
@@ -187,6 +188,16 @@ def clip(grads: List[Optional[tf.Tensor]], norm: tf.Tensor,
   return grads
 
 
+# Optimizer -> the options `minimize` applies with it by default: what gin
+# binds for its model (`discriminator/trainer.gradient_clip_norm`).
+_OPTIONS = weakref.WeakKeyDictionary()
+
+
+def set_options(optimizer, options: StepOptions) -> None:
+  """Makes `options` what `minimize` clips `optimizer`'s gradients with."""
+  _OPTIONS[optimizer] = options
+
+
 def minimize(tape: tf.GradientTape, loss: tf.Tensor, variables,
              optimizer, options: Optional[StepOptions] = None) -> tf.Tensor:
   """One optimizer's update in a `train_step` that trains several models.
@@ -194,8 +205,11 @@ def minimize(tape: tf.GradientTape, loss: tf.Tensor, variables,
   Takes the gradient of `loss` (this replica's share of the global-batch
   mean, as `tf.nn.compute_average_loss` gives) recorded on `tape` with
   respect to `variables`, scaled and unscaled for a float16 loss-scale
-  optimizer, sums it over replicas, clips it (`options`) and applies it.
-  Use a persistent tape when several losses come from one forward pass.
+  optimizer, sums it over replicas, clips it (`options`; by default what
+  gin binds for the optimizer's model: `trainer.gradient_clip_norm` /
+  `_value`, or under the model's name, `generator/trainer.gradient_clip_norm`)
+  and applies it. Use a persistent tape when several losses come from one
+  forward pass.
 
   Returns:
     The global norm of the summed gradients before clipping (not finite
@@ -209,4 +223,5 @@ def minimize(tape: tf.GradientTape, loss: tf.Tensor, variables,
   grads = tape.gradient(target, variables)
   if scaled:
     grads = optimizer.get_unscaled_gradients(grads)
-  return clip_and_apply(optimizer, grads, variables, options or StepOptions())
+  return clip_and_apply(optimizer, grads, variables,
+                        options or _OPTIONS.get(optimizer, StepOptions()))

@@ -3,8 +3,10 @@
 A Task's `build_model` may return `{"generator": g, "discriminator": d}`:
 the framework then builds one optimizer per model that has trainable
 variables (a frozen teacher gets none), each from the gin bindings under the
-scope of the model's name (`generator/optimizer.learning_rate = 2e-4`), and
-hands both dicts, by name, to the Task's `train_step` and its other hooks.
+scope of the model's name (`generator/optimizer.learning_rate = 2e-4`,
+`discriminator/trainer.gradient_clip_norm = 1.0` for the clipping that
+`trainer.minimize` applies), and hands both dicts, by name, to the Task's
+`train_step` and its other hooks.
 Each optimizer is scaled for the batch, loss-scaled in float16 (its own
 scale: each model has its own loss) and, for the model `ema.model` names,
 averaged; checkpoints hold `model/<name>/...` and `optimizer/<name>/...`.
@@ -107,8 +109,9 @@ def check_scopes(scopes: Set[str], names: Iterable[str], what: str) -> None:
   unknown = sorted(scopes - set(names))
   if unknown:
     raise errors.ConfigError(
-        f"gin binds `{unknown[0]}/optimizer.*` or `{unknown[0]}/"
-        f"learning_rate.*`, but no {what} is named '{unknown[0]}'"
+        f"gin binds settings under `{unknown[0]}/` (`optimizer.*`, "
+        f"`learning_rate.*` or `trainer.*`), but no {what} is named "
+        f"'{unknown[0]}'"
         f"{'; the ' + what + 's are ' + ', '.join(names) if names else ''}.")
 
 

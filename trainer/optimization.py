@@ -319,14 +319,27 @@ def unwrap(optimizer: tf_keras.optimizers.Optimizer
   return innermost
 
 
+# What gin binds per model or part. (gin has no public way to list scoped
+# bindings; `_CONFIG` maps (scope, selector) to the bound parameters.)
+SCOPED_CONFIGURABLES = ("optimizer", "learning_rate", "trainer")
+
+
+def _selector(configurable: str) -> str:
+  return gin.config._REGISTRY.get_match(configurable).selector  # pylint: disable=protected-access
+
+
 def scoped_binding_names() -> Set[str]:
-  """The gin scopes under which `optimizer.*` or `learning_rate.*` are
-  bound (gin accepts any scope name, so a misspelt one would silently be
-  ignored)."""
-  selectors = {gin.config._REGISTRY.get_match(name).selector  # pylint: disable=protected-access
-               for name in ("optimizer", "learning_rate")}
+  """The gin scopes under which `optimizer.*`, `learning_rate.*` or
+  `trainer.*` are bound (gin accepts any scope name, so a misspelt one
+  would silently be ignored)."""
+  selectors = {_selector(name) for name in SCOPED_CONFIGURABLES}
   return {scope for scope, selector in gin.config._CONFIG  # pylint: disable=protected-access
           if scope and selector in selectors}
+
+
+def scoped_bindings(scope: str, configurable: str) -> Dict[str, Any]:
+  """The parameters gin binds for `configurable` under `scope` alone."""
+  return dict(gin.config._CONFIG.get((scope, _selector(configurable)), {}))  # pylint: disable=protected-access
 
 
 def parts(optimizer: Optional[tf_keras.optimizers.Optimizer]

@@ -172,6 +172,13 @@ class TaskTrainer(orbit.StandardTrainer):
           "gets them and their optimizers by name.")
     if not task_lib.overrides(self.task, "train_step"):
       self._step_kwargs["options"] = options
+    elif named.several(self.model):
+      # Clipping applies in `trainer.minimize`, per model (`trainer.state`).
+      if options.gradient_fn is not None:
+        raise errors.ConfigError(
+            "`runtime.enable_xla` on several replicas compiles the default "
+            "train_step's gradient pass; a Task with several models runs "
+            "its own step: use one replica, or no XLA.")
     elif options != gradients.StepOptions():
       raise errors.ConfigError(
           f"{type(self.task).__name__} overrides `Task.train_step`, which "

@@ -14,10 +14,12 @@ import orbit
 import tensorflow as tf
 import tf_keras
 
+from trainer import checks
 from trainer import config as config_lib
 from trainer import console
 from trainer import ema
 from trainer import errors
+from trainer import gradients
 from trainer import named
 from trainer import optimization
 from trainer import optimizer_parts
@@ -268,7 +270,34 @@ def _build_several(task: task_lib.Task, models: Dict[str, tf_keras.Model],
     if config.ema.model == name:
       optimizer = ema.add(optimizer, model, config.ema)
     optimizers[name] = runtime_lib.wrap_optimizer(optimizer, runtime)
+    gradients.set_options(optimizers[name], _scoped_clipping(name, config))
   return optimizers
+
+
+def _scoped_clipping(name: str, config: config_lib.TrainerConfig
+                     ) -> gradients.StepOptions:
+  """The clipping of model `name`'s gradients: `trainer.gradient_clip_*`
+  bound under its name (`discriminator/trainer.gradient_clip_norm`), else
+  the run's.
+
+  Raises:
+    errors.ConfigError: For a bad value, or gradient accumulation (which
+      needs the default `train_step`).
+  """
+  bound = optimization.scoped_bindings(name, "trainer")
+  if "gradient_accumulation_steps" in bound or (
+      config.gradient_accumulation_steps != 1):
+    raise errors.ConfigError(
+        "`trainer.gradient_accumulation_steps` cuts the default train_step's "
+        "batch into micro-batches; a Task with several models runs its own "
+        "step: accumulate in it, or leave it at 1.")
+  values = {}
+  for field in ("gradient_clip_norm", "gradient_clip_value"):
+    values[field] = bound.get(field, getattr(config, field))
+    checks.number(f"{name}/trainer.{field}", values[field], above_zero=True,
+                  optional=True)
+  return gradients.StepOptions(clip_norm=values["gradient_clip_norm"],
+                               clip_value=values["gradient_clip_value"])
 
 
 def loss_scale_scalars(optimizer) -> Dict[str, float]:
