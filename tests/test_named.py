@@ -288,3 +288,28 @@ def test_gradient_accumulation_is_refused_for_several_models(tmp_path):
                      r"default train_step's batch into micro-batches; a Task "
                      r"with several models runs its own step"):
     _run(tmp_path, gradient_accumulation_steps=2)
+
+
+class _DiscriminatorBlowsUp(digits_gan.DigitsConditionalGan):
+  """A discriminator whose weights become NaN at its 15th step."""
+
+  def train_step(self, inputs, model, optimizer, metrics=None):
+    logs = super().train_step(inputs, model, optimizer, metrics)
+    steps = optimizer["discriminator"].iterations
+    kernel = model["discriminator"].get_layer("d_logit").kernel
+    kernel.assign(tf.where(steps == 15, kernel * float("nan"), kernel))
+    return logs
+
+
+def test_the_nan_guard_watches_every_model(tmp_path):
+  # Step 15's loss is finite (the weights went bad after it): the check of
+  # every model's variables before the save at step 15 stops the run.
+  with pytest.raises(errors.NonFiniteError) as error:
+    _run(tmp_path, task=_DiscriminatorBlowsUp(), train_steps=30,
+         steps_per_loop=5, checkpoint_interval=5, summary_interval=5)
+  assert str(error.value) == ("variables are not finite at step 15; not "
+                              "saved (the newest checkpoint is step 10).")
+  # The checkpoints saved are the finite ones, every model in them.
+  assert helpers.checkpoint_step(str(tmp_path)) == 10
+  for name, value in _numbers(tmp_path).items():
+    assert np.isfinite(value).all(), name
