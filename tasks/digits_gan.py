@@ -118,27 +118,20 @@ class DigitsConditionalGan(trainer.Task):
       c_loss = tf.nn.compute_average_loss(self.build_losses(
           labels, trainer.float32_outputs(
               classifier(features["image"], training=True))))
-    norms = [
-        trainer.minimize(tape, d_loss, discriminator.trainable_variables,
-                         optimizer["discriminator"]),
-        trainer.minimize(tape, g_loss, generator.trainable_variables,
-                         optimizer["generator"]),
-        trainer.minimize(tape, c_loss, classifier.trainable_variables,
-                         optimizer["classifier"])]
-    loss = d_loss + g_loss + c_loss
-    # A non-finite gradient makes the loss NaN: the framework's guard stops
-    # at this step.
-    finite = tf.reduce_all(tf.math.is_finite(tf.stack(norms)))
-    loss = tf.where(finite, loss, tf.constant(float("nan")))
+    # Each update's gradient norm becomes `gradient_norm/<model>`; a
+    # non-finite one makes the step's loss NaN (the framework does both).
+    trainer.minimize(tape, d_loss, discriminator.trainable_variables,
+                     optimizer["discriminator"])
+    trainer.minimize(tape, g_loss, generator.trainable_variables,
+                     optimizer["generator"])
+    trainer.minimize(tape, c_loss, classifier.trainable_variables,
+                     optimizer["classifier"])
     # Each loss's replica mean (the framework averages these over replicas).
     replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-    return {"loss": loss,
+    return {"loss": d_loss + g_loss + c_loss,
             "discriminator_loss": d_loss * replicas,
             "generator_loss": g_loss * replicas,
-            "classifier_loss": c_loss * replicas,
-            # The same on every replica: computed from the summed gradients.
-            **{f"gradient_norm/{name}": norm for name, norm in zip(
-                ("discriminator", "generator", "classifier"), norms)}}
+            "classifier_loss": c_loss * replicas}
 
   def aggregate_logs(self, state=None, step_logs=None):
     del step_logs  # Overridden so that `reduce_aggregated_logs` is called.

@@ -313,3 +313,32 @@ def test_the_nan_guard_watches_every_model(tmp_path):
   assert helpers.checkpoint_step(str(tmp_path)) == 10
   for name, value in _numbers(tmp_path).items():
     assert np.isfinite(value).all(), name
+
+
+class _ClassifierGradientBlowsUp(digits_gan.DigitsConditionalGan):
+  """At its 7th step, the classifier's gradient is NaN; the loss the step
+  returns does not show it."""
+
+  def train_step(self, inputs, model, optimizer, metrics=None):
+    features, labels = inputs
+    steps = optimizer["classifier"].iterations
+    with tf.GradientTape(persistent=True) as tape:
+      logits = model["classifier"](features["image"], training=True)
+      loss = tf.nn.compute_average_loss(self.build_losses(labels, logits))
+      poisoned = loss * tf.where(steps == 6, float("nan"), 1.0)
+      # The other two models' updates: gradients of zero.
+      fake = model["generator"]([features["noise"], labels], training=True)
+      judged = model["discriminator"]([fake, labels], training=True)
+      zero = tf.nn.compute_average_loss(0.0 * judged[:, 0])
+    trainer.minimize(tape, poisoned, model["classifier"].trainable_variables,
+                     optimizer["classifier"])
+    for name in ("generator", "discriminator"):
+      trainer.minimize(tape, zero, model[name].trainable_variables,
+                       optimizer[name])
+    return {"loss": loss}
+
+
+def test_a_non_finite_gradient_stops_at_its_step(tmp_path):
+  with pytest.raises(errors.NonFiniteError) as error:
+    _run(tmp_path, task=_ClassifierGradientBlowsUp(), train_steps=20)
+  assert error.value.step == 7, str(error.value)

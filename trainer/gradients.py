@@ -9,9 +9,11 @@ lets the global norm and the clipping see the gradient of the whole global
 batch, identical on every replica, whatever the replica count.
 """
 
+import contextlib
 import dataclasses
+import threading
 import weakref
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import tensorflow as tf
 import tf_keras
@@ -188,6 +190,22 @@ def clip(grads: List[Optional[tf.Tensor]], norm: tf.Tensor,
   return grads
 
 
+# The norms `minimize` computed in this thread's current step (a replica's
+# step runs in one thread), by optimizer id; None outside `recording_norms`.
+_RECORDED = threading.local()
+
+
+@contextlib.contextmanager
+def recording_norms() -> Iterator[Dict[int, tf.Tensor]]:
+  """Collects, by `id(optimizer)`, the gradient norms `minimize` computes
+  inside the block (the framework summarises each model's)."""
+  _RECORDED.norms = {}
+  try:
+    yield _RECORDED.norms
+  finally:
+    _RECORDED.norms = None
+
+
 # Optimizer -> the options `minimize` applies with it by default: what gin
 # binds for its model (`discriminator/trainer.gradient_clip_norm`).
 _OPTIONS = weakref.WeakKeyDictionary()
@@ -223,5 +241,9 @@ def minimize(tape: tf.GradientTape, loss: tf.Tensor, variables,
   grads = tape.gradient(target, variables)
   if scaled:
     grads = optimizer.get_unscaled_gradients(grads)
-  return clip_and_apply(optimizer, grads, variables,
+  norm = clip_and_apply(optimizer, grads, variables,
                         options or _OPTIONS.get(optimizer, StepOptions()))
+  recorded = getattr(_RECORDED, "norms", None)
+  if recorded is not None:
+    recorded[id(optimizer)] = norm
+  return norm

@@ -282,8 +282,35 @@ class TaskTrainer(orbit.StandardTrainer):
     return num_batches
 
   def _task_train_step(self, inputs):
-    return self.task.train_step(inputs, self.model, self.optimizer,
-                                self.metrics, **self._step_kwargs)
+    if not named.several(self.optimizer):
+      return self.task.train_step(inputs, self.model, self.optimizer,
+                                  self.metrics, **self._step_kwargs)
+    with gradients.recording_norms() as norms:
+      logs = self.task.train_step(inputs, self.model, self.optimizer,
+                                  self.metrics, **self._step_kwargs)
+    return self._with_norms(logs, norms)
+
+  def _with_norms(self, logs, norms):
+    """Adds each model's gradient norm (`trainer.minimize`'s) to a step's
+    logs as `gradient_norm/<model>`, and makes the loss NaN where a norm is
+    not finite and no loss scaling skips that step, as the default step
+    does, so the guard stops at this step."""
+    if not isinstance(logs, dict) or "loss" not in logs:
+      return logs  # `train_step` reports the mistake.
+    logs = dict(logs)
+    finite = []
+    for name, optimizer in named.named(self.optimizer).items():
+      norm = norms.get(id(optimizer))
+      if norm is None:
+        continue
+      logs.setdefault(f"gradient_norm/{name}", norm)
+      if not isinstance(optimizer,
+                        tf_keras.mixed_precision.LossScaleOptimizer):
+        finite.append(tf.math.is_finite(norm))
+    if finite:
+      logs["loss"] = tf.where(tf.reduce_all(tf.stack(finite)), logs["loss"],
+                              tf.constant(float("nan"), logs["loss"].dtype))
+    return logs
 
   def create_train_loop_fn(self):
     """Returns `loop(iterator, num_steps)`, which also records the status.
