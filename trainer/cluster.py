@@ -249,9 +249,11 @@ def _check_tf_config_against_step(config: dict, step: slurm.Step) -> None:
 def _describe(config: dict) -> str:
   """E.g. `2 workers on vm, this is worker 1`."""
   spec, task = config["cluster"], config.get("task", {})
-  counts = ", ".join(
-      f"{len(spec[name])} {name}{'s' if name != 'ps' and len(spec[name]) > 1 else ''}"
-      for name in ("chief", "worker", "ps") if spec.get(name))
+  def plural(name: str) -> str:
+    return name + ("s" if name != "ps" and len(spec[name]) > 1 else "")
+
+  counts = ", ".join(f"{len(spec[name])} {plural(name)}"
+                     for name in ("chief", "worker", "ps") if spec.get(name))
   hosts = sorted({address.rsplit(":", 1)[0]
                   for members in spec.values() for address in members})
   where = (_slurm_step.nodelist if _slurm_step is not None

@@ -280,7 +280,8 @@ class Receiver:
 
   def handle(self, signum: int) -> None:
     """Acts on one signal."""
-    if signum == REQUEUE_SIGNAL and self._first is None and self._wait_to_requeue():
+    if (signum == REQUEUE_SIGNAL and self._first is None and
+        self._wait_to_requeue()):
       return
     if self._first is not None:
       if not self._configured:

@@ -222,9 +222,9 @@ def _build_parts(task: task_lib.Task, model: tf_keras.Model,
     built[part] = _build_scaled(
         task, optimization.Settings.scoped(part, config.train_steps), config,
         replica_factor, multipliers.get(part, 1.0), part)
+    scaled = f" (x{multipliers[part]:g})" if part in multipliers else ""
     console.info(f"optimizer | part {part}: {named.describe(owned[part])}, "
-                 f"{_describe(built[part])}"
-                 f"{f' (x{multipliers[part]:g})' if part in multipliers else ''}")
+                 f"{_describe(built[part])}{scaled}")
   return optimizer_parts.PartitionedOptimizer(built, owned)
 
 
