@@ -282,12 +282,103 @@ def test_clipping_is_bound_per_model(tmp_path):
   assert scalars["gradient_norm/discriminator"][-1][1] > 0.001  # Before.
 
 
-def test_gradient_accumulation_is_refused_for_several_models(tmp_path):
+def test_accumulated_micro_batches_give_one_large_batchs_update(tmp_path):
+  # Plain SGD: two micro-batches of 16 must update every model as one batch
+  # of 32 does, on one device and on 2 replicas (8 examples per micro-batch).
+  sgd = ["optimizer.name = 'sgd'", "optimizer.learning_rate = 0.05",
+         "classifier/optimizer.learning_rate = 0.05",
+         "discriminator/trainer.gradient_clip_norm = 0.5"]
+  _run(tmp_path / "whole", sgd)
+  _run(tmp_path / "micro", sgd, gradient_accumulation_steps=2)
+  _run(tmp_path / "micro2", sgd, gradient_accumulation_steps=2,
+       runtime=trainer.RuntimeConfig(seed=0, distribution_strategy="mirrored",
+                                     num_cpu_devices=2))
+  whole = _numbers(tmp_path / "whole")
+  for run in ("micro", "micro2"):
+    micro = _numbers(tmp_path / run)
+    assert sorted(micro) == sorted(whole)
+    assert max(float(np.max(np.abs(whole[k] - micro[k])))
+               for k in whole) < 1e-5, run
+  # The losses and each model's norm are the applied step's, as one batch's.
+  one = helpers.read_scalars(str(tmp_path / "whole" / "train"))
+  two = helpers.read_scalars(str(tmp_path / "micro" / "train"))
+  for name in ("loss", "generator_loss", "gradient_norm/discriminator",
+               "gradient_norm/classifier"):
+    assert two[name][-1][1] == pytest.approx(one[name][-1][1], rel=1e-4), name
+
+
+def test_accumulation_keeps_each_optimizers_float16_loss_scale(tmp_path):
+  _run(tmp_path, gradient_accumulation_steps=2, runtime=trainer.RuntimeConfig(
+      seed=0, mixed_precision_dtype="float16"))
+  scalars = helpers.read_scalars(str(tmp_path / "train"))
+  for model in MODELS:
+    assert np.isfinite(scalars[f"gradient_norm/{model}"][-1][1]), model
+    assert scalars[f"loss_scale/{model}"][-1][1] > 1, model
+  reader = tf.train.load_checkpoint(str(tmp_path))
+  for model in MODELS:  # Every step applied: 20 updates each.
+    assert reader.get_tensor(
+        f"optimizer/{model}/iter/.ATTRIBUTES/VARIABLE_VALUE") == 20, model
+
+
+def test_a_micro_batch_count_per_model_is_one_line(tmp_path):
   with pytest.raises(errors.ConfigError,
-                     match=r"^`trainer.gradient_accumulation_steps` cuts the "
-                     r"default train_step's batch into micro-batches; a Task "
-                     r"with several models runs its own step"):
-    _run(tmp_path, gradient_accumulation_steps=2)
+                     match=r"^`generator/trainer.gradient_accumulation_steps`"
+                     r": micro-batches cut the step's batch for every model "
+                     r"at once; bind `trainer.gradient_accumulation_steps` "
+                     r"without a model's name\."):
+    _run(tmp_path, ["generator/trainer.gradient_accumulation_steps = 2"])
+
+
+class _MinimizesOnlyOnce(digits_gan.DigitsConditionalGan):
+  """Trains the classifier only the first time its step is traced."""
+
+  traced = 0
+
+  def train_step(self, inputs, model, optimizer, metrics=None):
+    type(self).traced += 1
+    if type(self).traced > 1:
+      features, labels = inputs
+      with tf.GradientTape() as tape:
+        loss = tf.nn.compute_average_loss(self.build_losses(
+            labels, model["classifier"](features["image"], training=True)))
+      return {"loss": loss}
+    return super().train_step(inputs, model, optimizer, metrics)
+
+
+def test_a_step_that_minimizes_differently_per_micro_batch_is_one_line(
+    tmp_path):
+  with pytest.raises(errors.ConfigError,
+                     match=r"^train_step called `trainer.minimize` with other "
+                     r"optimizers on another micro-batch"):
+    _run(tmp_path, task=_MinimizesOnlyOnce(), gradient_accumulation_steps=2)
+
+
+class _PoisonedBatch(digits_gan.DigitsConditionalGan):
+  """The batch of step 13 (batch 12) has NaN noise: every loss is NaN."""
+
+  def preprocess_batch(self, batch, training, seed):
+    features, labels = super().preprocess_batch(batch, training, seed)
+    poison = tf.where(seed[1] == 12, float("nan"), 1.0)
+    return dict(features, noise=features["noise"] * poison), labels
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_rollback_restores_every_model_and_optimizer(tmp_path, capsys,
+                                                     micro_batches):
+  _run(tmp_path, task=_PoisonedBatch(), train_steps=30, steps_per_loop=5,
+       checkpoint_interval=5, summary_interval=5, on_nonfinite="rollback",
+       gradient_accumulation_steps=micro_batches)
+  out = capsys.readouterr().out
+  assert ("train | non-finite loss at step 13: rolled back to step 10, "
+          "skipping that step's batch (rollback 1 of 3)") in out
+  numbers = helpers.checkpoint_numbers(str(tmp_path))
+  assert numbers["discarded_batches/.ATTRIBUTES/VARIABLE_VALUE"] == 1
+  for name, value in numbers.items():
+    assert np.isfinite(value).all(), name
+  # Each optimizer went back to step 10 with its model: 30 updates in all.
+  for model in MODELS:
+    assert numbers[f"optimizer/{model}/iter/.ATTRIBUTES/VARIABLE_VALUE"] == (
+        30), model
 
 
 class _DiscriminatorBlowsUp(digits_gan.DigitsConditionalGan):

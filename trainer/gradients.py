@@ -18,6 +18,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import tensorflow as tf
 import tf_keras
 
+from trainer import errors
+
 # (inputs, model, optimizer) -> (loss, gradients, model outputs).
 GradientFn = Callable[..., Tuple[tf.Tensor, List[Optional[tf.Tensor]], Any]]
 
@@ -229,10 +231,17 @@ def minimize(tape: tf.GradientTape, loss: tf.Tensor, variables,
   and applies it. Use a persistent tape when several losses come from one
   forward pass.
 
+  Under `trainer.gradient_accumulation_steps` (K > 1) the framework runs the
+  `train_step` once per micro-batch, and `minimize` only keeps the gradient:
+  each optimizer applies the sum of its K gradients once, after the last
+  micro-batch (`accumulate_updates`).
+
   Returns:
     The global norm of the summed gradients before clipping (not finite
-    where a gradient is not).
+    where a gradient is not); under accumulation, of this micro-batch's
+    gradient on this replica (the framework reports the applied one's).
   """
+  variables = list(variables)
   scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
   target = loss
   if scaled:
@@ -241,9 +250,105 @@ def minimize(tape: tf.GradientTape, loss: tf.Tensor, variables,
   grads = tape.gradient(target, variables)
   if scaled:
     grads = optimizer.get_unscaled_gradients(grads)
-  norm = clip_and_apply(optimizer, grads, variables,
-                        options or _OPTIONS.get(optimizer, StepOptions()))
+  options = options or _OPTIONS.get(optimizer, StepOptions())
+  deferred = getattr(_DEFERRED, "updates", None)
+  if deferred is not None:
+    deferred.append(Update(optimizer, variables, list(grads), options))
+    return global_norm(grads)
+  norm = clip_and_apply(optimizer, grads, variables, options)
   recorded = getattr(_RECORDED, "norms", None)
   if recorded is not None:
     recorded[id(optimizer)] = norm
   return norm
+
+
+@dataclasses.dataclass
+class Update:
+  """One `minimize` call's update, kept until the micro-batches are done."""
+  optimizer: Any
+  variables: List[tf.Variable]
+  grads: List[Optional[tf.Tensor]]
+  options: StepOptions
+
+
+# The updates `minimize` keeps instead of applying, in call order, in this
+# thread's current micro-batch; None when it applies them at once.
+_DEFERRED = threading.local()
+
+
+@contextlib.contextmanager
+def _deferring_updates() -> Iterator[List[Update]]:
+  """Makes `minimize` keep its updates in the list it yields."""
+  _DEFERRED.updates = []
+  try:
+    yield _DEFERRED.updates
+  finally:
+    _DEFERRED.updates = None
+
+
+def accumulate_updates(step: Callable[[Any], Any], inputs,
+                       num_micro_batches: int) -> Tuple[Any, Dict[int, Any]]:
+  """Runs `step` on each micro-batch of `inputs`; applies each optimizer's
+  summed gradients once.
+
+  `step` is a Task's `train_step` calling `minimize` (several models). It
+  runs on micro-batch 0 and then in a `tf.while_loop` on the others, every
+  model at the weights of the step's start, so an update `step` computes
+  after another (a generator's loss through the discriminator it just
+  updated) sees the weights before it: the models update together. Each
+  optimizer's gradients are summed, divided by `num_micro_batches` (each
+  micro-batch's loss is its share of its own global mean), summed over
+  replicas, clipped with its options and applied: K micro-batches of B
+  examples give the update of one batch of K * B.
+
+  Returns:
+    `(logs, norms)`: the step's logs, floating-point ones averaged over the
+    micro-batches, others the first micro-batch's; and by
+    `id(optimizer)` the global norm of its applied gradient before clipping.
+
+  Raises:
+    errors.ConfigError: If `step` calls `minimize` differently on two
+      micro-batches.
+  """
+  with _deferring_updates() as updates:
+    logs = step(micro_batch(inputs, 0, num_micro_batches))
+  averaged = sorted(
+      name for name, value in (logs.items() if isinstance(logs, dict) else ())
+      if tf.is_tensor(value) and value.dtype.is_floating)
+  used = [[i for i, g in enumerate(update.grads) if g is not None]
+          for update in updates]
+  # A while-loop keeps one copy of the step in the graph whatever the number
+  # of micro-batches; it carries dense tensors.
+  carried = [[tf.convert_to_tensor(update.grads[i]) for i in indices]
+             for update, indices in zip(updates, used)]
+
+  def body(index, log_sums, grad_sums):
+    with _deferring_updates() as again:
+      step_logs = step(micro_batch(inputs, index, num_micro_batches))
+    if [id(u.optimizer) for u in again] != [id(u.optimizer)
+                                            for u in updates]:
+      raise errors.ConfigError(
+          "train_step called `trainer.minimize` with other optimizers on "
+          "another micro-batch (`trainer.gradient_accumulation_steps`): "
+          "call it the same way on every batch.")
+    return (index + 1,
+            [total + step_logs[name] for total, name in zip(log_sums,
+                                                            averaged)],
+            [[total + tf.convert_to_tensor(update.grads[i])
+              for total, i in zip(sums, indices)]
+             for sums, update, indices in zip(grad_sums, again, used)])
+
+  if num_micro_batches > 1:
+    _, log_sums, carried = tf.while_loop(
+        lambda index, *_: index < num_micro_batches, body,
+        (tf.constant(1), [logs[name] for name in averaged], carried))
+    logs = dict(logs, **{name: total / num_micro_batches
+                         for name, total in zip(averaged, log_sums)})
+  scale = 1.0 / num_micro_batches
+  norms = {}
+  for update, sums in zip(updates, carried):
+    grads = _in_place_of_present(
+        update.grads, [total * tf.cast(scale, total.dtype) for total in sums])
+    norms[id(update.optimizer)] = clip_and_apply(
+        update.optimizer, grads, update.variables, update.options)
+  return logs, norms

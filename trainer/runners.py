@@ -164,6 +164,8 @@ class TaskTrainer(orbit.StandardTrainer):
           f"steps` ({options.accumulation_steps}) equal micro-batches.")
     # Only the default `train_step` takes `options`; others get nothing.
     self._step_kwargs = {}
+    # With several models the framework cuts the micro-batches itself.
+    self._accumulation_steps = options.accumulation_steps
     if named.several(self.model) and not task_lib.overrides(self.task,
                                                             "train_step"):
       raise errors.ConfigError(
@@ -173,7 +175,8 @@ class TaskTrainer(orbit.StandardTrainer):
     if not task_lib.overrides(self.task, "train_step"):
       self._step_kwargs["options"] = options
     elif named.several(self.model):
-      # Clipping applies in `trainer.minimize`, per model (`trainer.state`).
+      # Clipping applies in `trainer.minimize`, per model (`trainer.state`);
+      # micro-batches in `_task_train_step`.
       if options.gradient_fn is not None:
         raise errors.ConfigError(
             "`runtime.enable_xla` on several replicas compiles the default "
@@ -285,6 +288,12 @@ class TaskTrainer(orbit.StandardTrainer):
     if not named.several(self.optimizer):
       return self.task.train_step(inputs, self.model, self.optimizer,
                                   self.metrics, **self._step_kwargs)
+    if self._accumulation_steps > 1:
+      logs, norms = gradients.accumulate_updates(
+          lambda batch: self.task.train_step(batch, self.model,
+                                             self.optimizer, self.metrics),
+          inputs, self._accumulation_steps)
+      return self._with_norms(logs, norms)
     with gradients.recording_norms() as norms:
       logs = self.task.train_step(inputs, self.model, self.optimizer,
                                   self.metrics, **self._step_kwargs)

@@ -281,16 +281,15 @@ def _scoped_clipping(name: str, config: config_lib.TrainerConfig
   the run's.
 
   Raises:
-    errors.ConfigError: For a bad value, or gradient accumulation (which
-      needs the default `train_step`).
+    errors.ConfigError: For a bad value, or a micro-batch count bound under
+      a model's name (micro-batches cut the step's batch, for every model).
   """
   bound = optimization.scoped_bindings(name, "trainer")
-  if "gradient_accumulation_steps" in bound or (
-      config.gradient_accumulation_steps != 1):
+  if "gradient_accumulation_steps" in bound:
     raise errors.ConfigError(
-        "`trainer.gradient_accumulation_steps` cuts the default train_step's "
-        "batch into micro-batches; a Task with several models runs its own "
-        "step: accumulate in it, or leave it at 1.")
+        f"`{name}/trainer.gradient_accumulation_steps`: micro-batches cut "
+        "the step's batch for every model at once; bind "
+        "`trainer.gradient_accumulation_steps` without a model's name.")
   values = {}
   for field in ("gradient_clip_norm", "gradient_clip_value"):
     values[field] = bound.get(field, getattr(config, field))
