@@ -1,7 +1,19 @@
-"""Trains and evaluates a gin-configured Task; see `trainer.cli`.
+"""Trains and evaluates a gin-configured Task.
+
+Usage:
+  python train.py --gin_file=FILE.gin [--gin_file=...] [--gin_param=BINDING]
+      --model_dir=DIR [--mode=train_and_eval|train|eval|continuous_eval]
+      [--dry_run] [--full_traceback]
 
 Example:
-  python train.py --gin_file=gin/digits.gin --model_dir=runs/digits
+  python train.py --gin_file=gin/digits.gin --model_dir=runs/digits \\
+      --gin_param='trainer.train_steps=2000'
+
+The gin files name the Task and every setting (`trainer.*`, `runtime.*`,
+`optimizer.*`, ...); `--gin_param` overrides a binding. A run in a
+`model_dir` that holds a checkpoint resumes from it. Exit codes: 0 done,
+1 a run-time failure, 2 a configuration mistake (one line on stderr), 42
+preempted (SIGTERM, SIGINT or SLURM's SIGUSR1) after saving a checkpoint.
 """
 
 import signal

@@ -68,6 +68,7 @@ from trainer import runners
 from trainer import runtime as runtime_lib
 from trainer import state as state_lib
 from trainer import summaries
+from trainer import usage
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("strategy", "one_device", ["one_device", "mirrored"],
@@ -395,4 +396,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  usage.exit_if_requested(sys.argv, __doc__)
   app.run(main)

@@ -50,6 +50,7 @@ import trainer  # noqa: E402  Selects Keras 2 before TensorFlow loads.
 from absl import flags
 import tensorflow as tf
 from trainer import data_service
+from trainer import usage
 # Registers tensorflow-text's ops, which text pipelines (ImdbSentiment)
 # run on the workers.
 import tensorflow_text  # noqa: F401  pylint: disable=unused-import
@@ -184,6 +185,7 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
+  usage.exit_if_requested(sys.argv, __doc__)
   try:
     parsed = FLAGS(sys.argv)
   except flags.Error as error:  # One line, as every script's bad flag.

@@ -22,6 +22,13 @@ usage() {
   echo "usage: $0 start|stop|status DIR" >&2
   exit 2
 }
+case "${1:-}" in
+  -h|--help)
+    # The header comment above, without its `#`s, is the help.
+    sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
+    echo "usage: $0 start|stop|status DIR"
+    exit 0 ;;
+esac
 [ $# -eq 2 ] || usage
 action=$1
 dir=$(mkdir -p "$2" && cd "$2" && pwd)

@@ -23,14 +23,18 @@ import sys
 from typing import Dict, List, Sequence, Tuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+  sys.path.insert(0, REPO_ROOT)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import app
 from absl import flags
 import matplotlib
 matplotlib.use("Agg")  # Before pyplot: no display needed.
 from matplotlib import pyplot as plt
 import tensorflow as tf
+
+from trainer import usage
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("output", "metrics.png", "Path of the PNG to write.")
@@ -222,6 +226,7 @@ def _fail(message: str) -> None:
 
 def parse_flags(argv: List[str]) -> List[str]:
   """Parses flags; a bad flag is one line on stderr and exit code 2."""
+  usage.exit_if_requested(argv, __doc__)
   try:
     return FLAGS(argv)
   except flags.Error as e:
@@ -274,5 +279,4 @@ def main(argv: List[str]) -> None:
 
 
 if __name__ == "__main__":
-  app.define_help_flags()  # --help, --helpshort, --helpfull as under app.run.
   main(parse_flags(sys.argv))

@@ -15,7 +15,7 @@ import os
 import sys
 import tempfile
 import threading
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from absl import app
 from absl import flags
@@ -32,6 +32,7 @@ from trainer import preemption
 from trainer import runtime as runtime_lib
 from trainer import slurm
 from trainer import task as task_lib
+from trainer import usage
 from trainer import user_errors
 
 USAGE_EXIT_CODE = 2
@@ -58,6 +59,12 @@ flags.DEFINE_bool("full_traceback", False, "On an error, print the full "
                   "traceback (TensorFlow's and Keras's frames included) "
                   "before the one-line summary; also set by the environment "
                   f"variable {user_errors.FULL_TRACEBACK_ENV}=1.")
+
+
+# The flags of train.py, and those of a script taking a task's configuration.
+TRAIN_FLAGS = ("gin_file", "gin_param", "model_dir", "mode", "dry_run",
+               "full_traceback")
+TOOL_FLAGS = ("gin_file", "gin_param", "full_traceback")
 
 
 def _check_model_dir(model_dir: Optional[str]) -> str:
@@ -116,8 +123,15 @@ def fail(message: Union[str, Callable[[], str]],
   os._exit(exit_code)  # pylint: disable=protected-access
 
 
-def parse_flags(argv: List[str], program: str = "train.py") -> List[str]:
-  """Parses flags; a bad flag is one line on stderr and exit code 2."""
+def parse_flags(argv: List[str], program: str = "train.py",
+                shared: Sequence[str] = TRAIN_FLAGS) -> List[str]:
+  """Parses flags; a bad flag is one line on stderr and exit code 2.
+
+  `--help` (and `-h`, `--helpfull`) prints the running program's docstring
+  and its flags (its own and `shared`), then exits 0.
+  """
+  usage.exit_if_requested(argv, getattr(sys.modules["__main__"], "__doc__",
+                                        None), shared)
   try:
     return FLAGS(argv)
   except flags.Error as e:
@@ -226,7 +240,7 @@ def run_tool(main: Callable[..., None], program: str, example: str) -> None:
     program: The script's name, for error lines.
     example: A gin file to suggest when none is given.
   """
-  argv = parse_flags(sys.argv, program)
+  argv = parse_flags(sys.argv, program, TOOL_FLAGS)
   gin_files = argv[1:] + FLAGS.gin_file
   if not gin_files:
     fail(f"give a task's gin file, e.g. {example}", program=program)
