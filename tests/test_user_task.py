@@ -289,3 +289,31 @@ def test_a_module_that_cannot_be_found_names_where_it_was_looked_for(
       f"'my_taks' (looked in the working directory and beside the gin files: "
       f"{user_project}, {tmp_path}; or add its directory to PYTHONPATH)"]
   assert not (user_project / "run").exists()
+
+
+@pytest.mark.parametrize("source,line,cause", [
+    ("import os\nimport numpyy\n", 2,
+     "ModuleNotFoundError: No module named 'numpyy'"),
+    ("import gin\n\nSTEPS = undefined_name\n", 3,
+     "NameError: name 'undefined_name' is not defined"),
+], ids=["import_typo", "name_error"])
+@pytest.mark.parametrize("full", [False, True], ids=["line", "traceback"])
+def test_an_error_importing_the_users_module_names_its_type_and_line(
+    tmp_path, source, line, cause, full):
+  project = tmp_path / "project"
+  project.mkdir()
+  (project / "bad_mod.py").write_text(source)
+  (project / "my.gin").write_text("import bad_mod\n")
+  result = helpers.run_cli(
+      ["--gin_file=my.gin", "--model_dir=run"] +
+      (["--full_traceback"] if full else []), cwd=str(project))
+  assert result.returncode == 2
+  lines = result.stderr.strip().splitlines()
+  assert lines[-1] == (f"train.py: error: my.gin:1: in bad_mod (bad_mod.py:"
+                       f"{line}, at import): {cause}")
+  if full:  # Python's traceback first, down to the user's line.
+    assert lines[0] == "Traceback (most recent call last):"
+    assert f'bad_mod.py", line {line}, in <module>' in result.stderr
+  else:
+    assert len(lines) == 1, result.stderr
+  assert not (project / "run").exists()

@@ -228,6 +228,19 @@ def dry_run(task: task_lib.Task, runtime: runtime_lib.RuntimeConfig,
   return 0
 
 
+def _fail_config(error: errors.ConfigError, program: str = "train.py"
+                 ) -> None:
+  """Fails with a configuration error's line; for an error of the user's
+  own code (their module as gin imports it, their Task's constructor), with
+  its full traceback first where `--full_traceback` asks for it."""
+  if (error.__cause__ is not None and
+      (FLAGS["full_traceback"].value or
+       user_errors.full_traceback_requested()) and
+      user_errors.in_user_code(error.__cause__)):
+    console.error(user_errors.full_traceback(error.__cause__).rstrip("\n"))
+  fail(str(error), program=program)
+
+
 def run_tool(main: Callable[..., None], program: str, example: str) -> None:
   """Entry point of a script that takes a task's configuration as `train.py`
   does (gin files, positional or `--gin_file`, and `--gin_param`).
@@ -247,7 +260,7 @@ def run_tool(main: Callable[..., None], program: str, example: str) -> None:
   try:
     loaded = gin_config.load_config(gin_files, FLAGS.gin_param)
   except errors.ConfigError as e:
-    fail(str(e), program=program)
+    _fail_config(e, program)
   app.run(lambda _: main(gin_files, *loaded), argv=argv[:1])
 
 
@@ -279,7 +292,7 @@ def run() -> None:
     model_dir = _check_model_dir(FLAGS.model_dir)
     loaded = gin_config.load_config(FLAGS.gin_file, FLAGS.gin_param)
   except errors.ConfigError as e:
-    fail(str(e))
+    _fail_config(e)
   config = loaded[2]
   signals.configure(config.preemption_exit_code,
                     config.preemption_grace_seconds,

@@ -21,6 +21,7 @@ from trainer import errors
 from trainer import experiment
 from trainer import runtime as runtime_lib
 from trainer import task as task_lib
+from trainer import user_errors
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,6 +77,18 @@ def _suggestion(message: str) -> str:
   return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+def _config_location(error: BaseException) -> str:
+  """`file.gin:line: ` or `--gin_param: ` where gin says `error` came from
+  (it appends that to the message), else ''."""
+  for line in str(error).splitlines()[1:]:
+    found = re.match(r'\s*In file "([^"]+)", line (\d+)', line)
+    if found:
+      return f"{found.group(1)}:{found.group(2)}: "
+    if re.match(r"\s*In bindings string line (\d+)", line):
+      return "--gin_param: "
+  return ""
+
+
 def _one_line(error: BaseException) -> str:
   """Condenses a gin or validation error to `location: problem`."""
   if isinstance(error, SyntaxError):
@@ -91,16 +104,7 @@ def _one_line(error: BaseException) -> str:
     return f"--gin_param: gin syntax error: {text}{where}"
   message = str(error).strip() or type(error).__name__
   lines = [line.strip() for line in message.splitlines() if line.strip()]
-  location = ""
-  for line in lines[1:]:
-    found = re.match(r'In file "([^"]+)", line (\d+)', line)
-    if found:
-      location = f"{found.group(1)}:{found.group(2)}: "
-      break
-    found = re.match(r"In bindings string line (\d+)", line)
-    if found:
-      location = "--gin_param: "
-      break
+  location = _config_location(error)
   problem = lines[0] if lines else message
   if isinstance(error, ImportError):
     problem = f"cannot import: {problem}"
@@ -143,6 +147,11 @@ def load_config(gin_files: Sequence[str], gin_params: Sequence[str]
     return task, runtime_lib.RuntimeConfig(), experiment.TrainerConfig()
   except Exception as e:  # Gin re-raises the user's errors with context.
     message = _one_line(e)
+    if user_errors.in_user_code(e):
+      # Raised by the user's module as gin imported it, or by a configurable
+      # of theirs: its type, file and line, after the config's line.
+      raise errors.ConfigError(
+          f"{_config_location(e)}{user_errors.describe(e)}") from e
     if isinstance(e, ModuleNotFoundError):
       message += (" (looked in the working directory and beside the gin "
                   f"files: {', '.join(dict.fromkeys(module_dirs))}; or add "

@@ -199,6 +199,9 @@ def _place(stack: Sequence[Frame], i: int) -> str:
   frame = stack[i]
   where = f"{_display_path(frame.filename)}:{frame.lineno}"
   names = _enclosing_names(frame.filename, frame.lineno) or [frame.name]
+  if names == ["<module>"]:  # Raised while the module is imported.
+    module = os.path.splitext(os.path.basename(frame.filename))[0]
+    return f"{module} ({where}, at import)"
   for j in range(len(names) - 1, -1, -1):
     if names[j] in HOOKS:
       return f"{'.'.join(names[max(0, j - 1):j + 1])} ({where})"
@@ -225,6 +228,11 @@ def _after_last_frame(message: str) -> str:
   return "\n".join(rest)
 
 
+# The first line of what gin appends to an error raised under it.
+_GIN_CONTEXT = re.compile(
+    r"\n\s*In (?:file \"|call to configurable|bindings string line)")
+
+
 def _one_line(text: str) -> str:
   text = " ".join(text.split())
   if len(text) <= _MAX_CAUSE:
@@ -241,7 +249,8 @@ def cause(error: BaseException) -> str:
   own type), a Keras layer's error by its cause and the layer's name.
   """
   type_name = type(error).__name__
-  message = _message(error)
+  # Gin appends where in the config the error came from; callers say that.
+  message = _GIN_CONTEXT.split(_message(error))[0]
   layer = _KERAS_LAYER.search(message)
   message = _after_last_frame(message).strip()
   # Autograph repeats the user's error as `Type: message`.
@@ -272,6 +281,11 @@ def _framework_hook(error: BaseException) -> Optional[str]:
       if frame.filename == _TASK_FILE and frame.name in HOOKS:
         return frame.name
   return None
+
+
+def in_user_code(error: BaseException) -> bool:
+  """Whether a frame of the user's code is behind `error`."""
+  return _user_code(error) is not None
 
 
 def describe(error: BaseException) -> str:
