@@ -1,6 +1,7 @@
 """Summary helpers: scalars, operative config, the progress line."""
 
 import gin
+import pytest
 import tensorflow as tf
 
 from trainer import summaries
@@ -112,16 +113,24 @@ def test_reporter_writes_a_changed_learning_rate_between_summaries(tmp_path):
 
 def test_reporter_warns_once_when_input_bound(tmp_path, capsys):
   reporter = _reporter(tmp_path, _Clock(), summary_interval=10)
+  # Half of each 1 s loop of 10 steps: 50 ms a step.
   metrics = lambda: {"loss": 1.0, "input_wait_seconds": 0.5}  # noqa: E731
   reporter.after_loop(10, 10, 1.0, 1.0, None, metrics)
   reporter.after_loop(20, 10, 1.0, 1.0, None, metrics)
   out = capsys.readouterr().out
-  assert out.count("warning | input-bound: the steps to 10 waited for the "
-                   "input pipeline 50% of the time") == 1
+  assert out.count("warning | input-bound: the steps to 10 waited for input "
+                   "50% of the time (50.0 ms a step); scripts/benchmark_"
+                   "input.py times the pipeline alone, and the performance "
+                   "guide lists remedies.") == 1
   assert out.count("input-bound") == 1
-  # It names every remedy the framework offers.
-  for remedy in ("Task.preprocess_batch", "runtime.dataset_batch_parallel_"
-                 "calls", "runtime.dataset_num_private_threads",
-                 "runtime.data_service", "scripts/data_service.py",
-                 "scripts/benchmark_input.py"):
-    assert remedy in out, remedy
+
+
+def test_reporter_ignores_a_wait_not_worth_acting_on(tmp_path, capsys):
+  reporter = _reporter(tmp_path, _Clock(), summary_interval=10)
+  # Half of each 10 ms loop of 10 steps: 0.5 ms a step, what taking a
+  # prefetched batch costs a tiny model.
+  metrics = lambda: {"loss": 1.0, "input_wait_seconds": 0.005}  # noqa: E731
+  reporter.after_loop(10, 10, 0.01, 1.0, None, metrics)
+  assert "input-bound" not in capsys.readouterr().out
+  assert helpers.read_scalars(str(tmp_path))["input_wait_fraction"] == [
+      (10, pytest.approx(0.5))]

@@ -102,8 +102,9 @@ class BestCheckpoint:
         "higher_is_better"]) == (config.metric, config.higher_is_better):
       self._best.commit({config.metric: self.record["value"]})
     elif self.record:
-      logging.warning("best_checkpoint: %s judged %s; starting over with %s",
-                      self.directory, self.record["metric"], config.metric)
+      console.warning(
+          f"best_checkpoint: {self.directory} judged "
+          f"{self.record['metric']}; starting over with {config.metric}")
       self.record = None
 
   def __call__(self, output: Dict[str, Any]) -> None:

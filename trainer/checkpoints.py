@@ -14,7 +14,6 @@ import re
 import shutil
 from typing import Callable, List, Optional, Sequence, Set
 
-from absl import logging
 import tensorflow as tf
 
 from trainer import console
@@ -238,7 +237,6 @@ def restore(manager: tf.train.CheckpointManager,
             "several workers, the tf.data service): the training input "
             "starts from its first batch")
       if failures:
-        logging.warning("restored %s instead", candidate)
         console.info(f"checkpoint | restored {candidate} instead of the "
                      f"damaged {', '.join(failures)}")
       return candidate
@@ -249,8 +247,6 @@ def restore(manager: tf.train.CheckpointManager,
             f"checkpoint {candidate} does not fit this model: {mismatch}."
         ) from e
       first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-      logging.warning("cannot restore checkpoint %s (%s: %s)", candidate,
-                      type(e).__name__, first_line)
       console.info(f"checkpoint | cannot restore {candidate} "
                    f"({type(e).__name__}: {first_line[:200]})")
       failures.append(os.path.basename(candidate))
@@ -326,7 +322,7 @@ def remove_interrupted_saves(directory: str,
     else:
       os.remove(path)
     removed.append(path)
-    logging.warning("removed %s, left by an interrupted write", path)
+    console.info(f"checkpoint | removed {path}, left by an interrupted write")
 
   def interrupted_save(path: str) -> bool:
     name = os.path.basename(path)

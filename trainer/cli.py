@@ -15,7 +15,7 @@ import os
 import sys
 import tempfile
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence, Union
 
 from absl import app
 from absl import flags
@@ -29,9 +29,11 @@ from trainer import errors
 from trainer import experiment
 from trainer import gin_config
 from trainer import preemption
+from trainer import run_report
 from trainer import runtime as runtime_lib
 from trainer import slurm
 from trainer import task as task_lib
+from trainer import tf_logs
 from trainer import usage
 from trainer import user_errors
 
@@ -189,15 +191,10 @@ def main(model_dir: str, task: task_lib.Task,
     return dry_run(task, runtime, config, model_dir)
   with _one_line_failures():
     results = experiment.run(task, FLAGS.mode, model_dir, runtime, config)
-  if results:
-    console.info(f"final eval | {_results_line(results)}")
+  if results and FLAGS.mode not in TRAINING_MODES:
+    # A training run's closing block holds its final evaluation.
+    console.info(f"final eval | {run_report.format_results(results)}")
   return 0
-
-
-def _results_line(results: Dict[str, Any]) -> str:
-  """Evaluation results as `name value | ...`, in name order."""
-  return " | ".join(f"{name} {float(value):.4f}"
-                    for name, value in sorted(results.items()))
 
 
 def dry_run(task: task_lib.Task, runtime: runtime_lib.RuntimeConfig,
@@ -224,7 +221,7 @@ def dry_run(task: task_lib.Task, runtime: runtime_lib.RuntimeConfig,
   origin = (f"from the checkpoint at step {start} in {model_dir}" if start
             else "from scratch")
   console.info(f"dry run | ok: one train step ({origin}) and one eval step "
-               f"ran | {_results_line(results)}")
+               f"ran | {run_report.format_results(results)}")
   return 0
 
 
@@ -261,6 +258,7 @@ def run_tool(main: Callable[..., None], program: str, example: str) -> None:
     loaded = gin_config.load_config(gin_files, FLAGS.gin_param)
   except errors.ConfigError as e:
     _fail_config(e, program)
+  _quiet_tensorflow()
   app.run(lambda _: main(gin_files, *loaded), argv=argv[:1])
 
 
@@ -298,4 +296,11 @@ def run() -> None:
                     config.preemption_grace_seconds,
                     training=FLAGS.mode in TRAINING_MODES or FLAGS.dry_run)
   _check_kill_wait(config.preemption_grace_seconds)
+  _quiet_tensorflow()
   app.run(lambda _: main(model_dir, *loaded), argv=sys.argv[:1])
+
+
+def _quiet_tensorflow() -> None:
+  """Keeps what TensorFlow prints at start-up to what concerns the run."""
+  tf_logs.keep_python_warnings_single()
+  tf_logs.probe_devices()

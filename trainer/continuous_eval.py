@@ -133,7 +133,7 @@ def _evaluate(evaluate_fn: EvaluateFn, prefix: str):
   # A checkpoint the trainer deletes while it is read: NotFoundError.
   except (errors.ConfigError, OSError, tf.errors.NotFoundError) as e:
     if os.path.exists(prefix + ".index"):
-      logging.warning("cannot evaluate %s: %s", prefix, e)
+      logging.info("cannot evaluate %s: %s", prefix, e)
       console.info(
           f"continuous_eval | skipped {prefix}: it cannot be restored")
     else:

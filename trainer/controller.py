@@ -36,6 +36,7 @@ from trainer import errors
 from trainer import preemption as preemption_lib
 from trainer import profiler
 from trainer import rollback
+from trainer import run_report
 from trainer import summaries
 
 
@@ -155,8 +156,6 @@ class Controller(orbit.Controller):
       return
     self._require("trainer", for_method="train")
     with self._saving_on_signal():
-      if self._step < steps:
-        console.info(f"train | from step {self._step} to step {steps}")
       self._warn_if_past(steps)
       if (self._guard.rolls_back and self._step < steps and
           self.checkpoint_manager is not None and self._newest() is None):
@@ -187,6 +186,36 @@ class Controller(orbit.Controller):
       num_steps = self._profile.clip(self._step, num_steps)
       self._profile.before_loop(self._step)
     return self._guard.clip(self._step, num_steps, self.trainer.discard_batch)
+
+  def evaluate(self, steps: int = -1):
+    """Evaluates `steps` batches (-1: all); see `orbit.Controller.evaluate`.
+
+    As Orbit's, with one line for the results formatted as the summary's
+    (`eval | step 500 | accuracy 0.9944 | loss 0.0198 | 0.2 s`) in place of
+    Orbit's two, the second an unformatted dict.
+    """
+    if not self._own_loop and self.trainer is not None:
+      return super().evaluate(steps)
+    self._require("evaluator", for_method="evaluate")
+    if steps <= 0 and steps != -1:
+      raise ValueError(f"`steps` ({steps}) should be > 0, or == -1.")
+    step = int(self.global_step.numpy())
+    start = time.time()
+    with self.eval_summary_manager.summary_writer().as_default():
+      output = self.evaluator.evaluate(tf.convert_to_tensor(steps, tf.int32))
+    elapsed = time.time() - start
+    output = output or {}
+    values = tf.nest.map_structure(orbit.utils.get_value, output)
+    if steps > 0:
+      values["steps_per_second"] = steps / elapsed
+    console.info(f"eval | step {step} | {run_report.format_results(values)} "
+                 f"| {elapsed:.1f} s")
+    for action in self.eval_actions:  # Their lines after the results.
+      action(output)
+    output = values
+    self.eval_summary_manager.write_summaries(output)
+    self.eval_summary_manager.flush()
+    return output
 
   def train_and_evaluate(self, train_steps: int, eval_steps: int = -1,
                          eval_interval: Optional[int] = None):

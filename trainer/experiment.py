@@ -10,6 +10,7 @@ in its own module; this one only connects them.
 import contextlib
 import dataclasses
 import os
+import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from absl import logging
@@ -35,6 +36,7 @@ from trainer import placement
 from trainer import preemption
 from trainer import profiler
 from trainer import rollback
+from trainer import run_report
 from trainer import runners
 from trainer import runtime as runtime_lib
 from trainer import scaling
@@ -71,6 +73,7 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
     errors.ConfigError: For an unknown mode, `eval` without a checkpoint, and
       settings that do not fit the task or the strategy.
   """
+  started = time.perf_counter()
   runtime = runtime or runtime_lib.RuntimeConfig()
   config = config or TrainerConfig()
   if mode not in MODES:
@@ -102,11 +105,17 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
           write_dir, parts.config.early_stopping, step_fn=parts.state.step)
     controller = _controller(parts, write_dir, restore_dir, watcher,
                              early_stopping)
+    run_report.print_lines(run_report.header(
+        task_name=type(task).__name__, mode=mode, model_dir=model_dir,
+        strategy=parts.state.strategy, runtime=parts.runtime,
+        config=parts.config, num_workers=parts.worker.num_workers,
+        restored_path=controller.restored_path, step=controller.step,
+        training=parts.training, evaluating=parts.evaluating))
     if controller.step:
       _resume_input(parts, controller.step)
     with _stall_warning(parts):
       return _run_mode(parts, controller, mode, model_dir, write_dir,
-                       early_stopping)
+                       early_stopping, started)
 
 
 def _stall_warning(parts: "_Parts"):
@@ -365,10 +374,14 @@ def _eval_actions(parts: _Parts, controller: controller_lib.Controller,
 
 def _run_mode(parts: _Parts, controller: controller_lib.Controller,
               mode: str, model_dir: str, write_dir: str,
-              early_stopping: Optional[actions.EarlyStopping]
-              ) -> Dict[str, Any]:
-  """Runs `mode` with the built controller; returns the last eval results."""
+              early_stopping: Optional[actions.EarlyStopping],
+              started: float) -> Dict[str, Any]:
+  """Runs `mode` with the built controller; returns the last eval results.
+
+  A mode that trains ends with the closing block (`trainer.run_report`).
+  """
   config = parts.config
+  start_step = controller.step
   if mode == "eval":
     return controller.evaluate(config.validation_steps)
   if mode == "continuous_eval":
@@ -390,14 +403,23 @@ def _run_mode(parts: _Parts, controller: controller_lib.Controller,
         eval_interval=config.validation_interval or None)
     if output is None:  # Nothing (more) trained: the last evaluation.
       output = caught_up or controller.evaluate(config.validation_steps)
+  directory = None
   if config.export.at_end:
     directory = os.path.join(write_dir, "export", str(controller.step))
     parts.export(directory)
     console.info(
         f"export | SavedModel of step {controller.step} in {directory}")
-  fingerprint = state_lib.weights_fingerprint(parts.state.model)
-  console.info(f"train | finished at step {controller.step} | weights "
-               f"fingerprint {fingerprint}")
+  best = next((action for action in controller.eval_actions
+               if isinstance(action, actions.BestCheckpoint)), None)
+  run_report.print_lines(run_report.closing(
+      step=controller.step, start_step=start_step,
+      seconds=time.perf_counter() - started,
+      fingerprint=state_lib.weights_fingerprint(parts.state.model),
+      results=output, best=best.record if best else None,
+      best_dir=best.directory if best else None,
+      checkpoint=(tf.train.latest_checkpoint(write_dir)
+                  if parts.worker.is_chief else None),
+      export=directory))
   return output
 
 

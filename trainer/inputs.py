@@ -14,7 +14,6 @@ import functools
 from typing import Callable, Optional, Tuple
 import weakref
 
-from absl import logging
 import tensorflow as tf
 
 from trainer import cluster
@@ -324,10 +323,11 @@ def is_checkpointable(dataset: tf.data.Dataset) -> bool:
     return True
   except (tf.errors.FailedPreconditionError,
           tf.errors.UnimplementedError) as e:
-    logging.warning(
-        "The training input cannot be checkpointed (%s); a restarted run "
-        "skips the batches already trained on instead, which takes longer.",
-        e.message.split("[Op:")[0].split("}}")[-1].strip())
+    reason = e.message.split("[Op:")[0].split("}}")[-1].strip()
+    console.warning(
+        f"the training input cannot be checkpointed ({reason}); a restarted "
+        "run skips the batches already trained on instead, which takes "
+        "longer.")
     return False
 
 

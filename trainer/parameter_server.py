@@ -21,7 +21,6 @@ import inspect
 import math
 from typing import Any, Dict, List, Optional, Tuple
 
-from absl import logging
 import tensorflow as tf
 
 from trainer import checks
@@ -219,9 +218,9 @@ class ScheduledTaskTrainer(runners.TaskTrainer):
 
   def input_resumption(self, input_position: str, num_workers: int) -> str:
     del input_position, num_workers  # Steps run in no fixed order.
-    logging.warning("parameter_server: the input position is not "
-                    "checkpointed; a restarted run reads each worker's "
-                    "shard from its start.")
+    console.info("input | parameter_server: the input position is not "
+                 "checkpointed; a restarted run reads each worker's shard "
+                 "from its start")
     return "restart"
 
   def _measures_input_wait(self) -> bool:

@@ -42,9 +42,9 @@ import threading
 import time
 from typing import Callable, Iterator, Optional, Tuple
 
-from absl import logging
 import tensorflow as tf
 
+from trainer import console
 from trainer import errors
 from trainer import slurm
 
@@ -142,8 +142,8 @@ class PreemptionWatcher:
     self.defer(signum)
     # The next one is handled as if no watcher were installed.
     signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
-    logging.warning("received %s: saving a checkpoint after this loop",
-                    _name(signum))
+    console.warning(f"received {_name(signum)}: saving a checkpoint after "
+                    "this loop")
 
   @contextlib.contextmanager
   def armed(self) -> Iterator[None]:
@@ -298,8 +298,8 @@ class Receiver:
     elif self.watcher is None or not self.watcher.defer(signum):
       self._exit_now(signum)
     else:
-      logging.warning("received %s: saving a checkpoint after this loop",
-                      _name(signum))
+      console.warning(f"received {_name(signum)}: saving a checkpoint after "
+                      "this loop")
       self._deadline = self._clock() + self._grace_seconds
 
   def _wait_to_requeue(self) -> bool:
@@ -316,13 +316,13 @@ class Receiver:
       watcher.defer(REQUEUE_SIGNAL)
     else:
       self._pending_requeue = True
-    logging.warning("received SIGUSR1 before training: saving a checkpoint "
+    console.warning("received SIGUSR1 before training: saving a checkpoint "
                     "and requeueing after the first loop")
     return True
 
   @staticmethod
   def _not_training() -> None:
-    logging.warning("received SIGUSR1: this task does not train; the "
+    console.warning("received SIGUSR1: this task does not train; the "
                     "chief's requeue stops it")
 
   def expire(self) -> None:

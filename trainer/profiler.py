@@ -43,7 +43,7 @@ class ProfileWindow:
       logging.info("profiling from step %d to %d into %s", step, self.end,
                    self._logdir)
     except Exception as e:  # pylint: disable=broad-except
-      logging.warning("the profiler did not start: %s", e)
+      console.warning(f"the profiler did not start: {e}")
       self.traced = True  # Do not try again.
 
   def after_loop(self, step: int) -> None:
@@ -62,7 +62,7 @@ class ProfileWindow:
       console.info(f"profile | steps {self.start} to {min(step, self.end)} "
                    f"traced into {self._logdir}")
     except Exception as e:  # pylint: disable=broad-except
-      logging.warning("the profiler did not stop cleanly: %s", e)
+      console.warning(f"the profiler did not stop cleanly: {e}")
 
 
 def check_steps(steps: Optional[Tuple[int, int]]) -> None:

@@ -1,0 +1,88 @@
+"""TensorFlow's start-up lines that are not about the user's run.
+
+On a machine without an NVIDIA GPU, TensorFlow's CUDA build probes for one
+when it first lists devices and logs, at ERROR (so `TF_CPP_MIN_LOG_LEVEL=2`
+shows it, and 3 would hide real errors too):
+
+  E ... cuda_platform.cc:51] failed call to cuInit: INTERNAL: CUDA error:
+  Failed call to cuInit: UNKNOWN ERROR (303)
+
+`probe_devices` runs that first listing with the process's stderr (file
+descriptor 2, where TensorFlow's C++ logs go) sent to a temporary file, then
+writes back every line but that one, and that one too where a GPU device
+node exists (`/dev/nvidia0`, ...: then it is a real driver problem).
+`keep_python_warnings_single` makes TensorFlow's Python warnings print once,
+not once by TensorFlow's handler and again by absl's, and turns the
+mixed-precision compatibility block (four lines) into one.
+"""
+
+import glob
+import logging
+import os
+import sys
+import tempfile
+from typing import List
+
+import tensorflow as tf
+
+from trainer import console
+
+_NO_GPU_PROBE = "failed call to cuInit"
+_COMPATIBILITY = "Mixed precision compatibility check"
+
+
+def _has_gpu_device_node() -> bool:
+  return bool(glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/dxg"))
+
+
+def probe_devices() -> List[tf.config.PhysicalDevice]:
+  """Lists the physical devices (TensorFlow's first device probe), without
+  the CUDA probe's error line where there is no GPU.
+
+  Later calls probe nothing: TensorFlow keeps the list.
+  """
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as captured:
+    os.dup2(captured.fileno(), 2)
+    try:
+      devices = tf.config.list_physical_devices()
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+    captured.seek(0)
+    lines = captured.read().decode("utf-8", "replace").splitlines(True)
+  gpu_node = _has_gpu_device_node()
+  for line in lines:
+    if gpu_node or _NO_GPU_PROBE not in line:
+      sys.stderr.write(line)
+  sys.stderr.flush()
+  return devices
+
+
+class _CompatibilityToOneLine(logging.Filter):
+  """Replaces the mixed-precision compatibility block by one warning."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    if not message.startswith(_COMPATIBILITY):
+      return True
+    # The block's second line says why, e.g. "The dtype policy
+    # mixed_float16 may run slowly because this machine does not have a
+    # GPU. Only Nvidia GPUs with compute capability of at least 7.0 run
+    # quickly with mixed_float16."
+    why = (message.splitlines()[1:2] or [message])[0]
+    console.warning(why.split(". Only")[0].rstrip(".") +
+                    " (compute capability 7.0 or more runs it fast)")
+    return False
+
+
+def keep_python_warnings_single() -> None:
+  """TensorFlow's Python warnings once each, the compatibility check in one
+  line."""
+  logger = tf.get_logger()
+  # TensorFlow's own handler prints them; absl's (on the root logger) would
+  # print each again in its raw format.
+  logger.propagate = False
+  if not any(isinstance(f, _CompatibilityToOneLine) for f in logger.filters):
+    logger.addFilter(_CompatibilityToOneLine())
