@@ -92,6 +92,15 @@ MY_TASKS = textwrap.dedent('''\
     
 
     @gin.configurable
+    class FlatLabels(Regression):
+      """Labels of shape [batch] against outputs [batch, 1]."""
+
+      def build_inputs(self, training, input_context=None):
+        return super().build_inputs(training, input_context).map(
+            lambda x, y: (x, y[0]))
+
+
+    @gin.configurable
     class TwoModels(Regression):
       """Two models, two optimizers; model b's loss is averaged per replica."""
 
@@ -124,6 +133,7 @@ CASES = {
     "dropout": "Dropout",
     "batched": "Batched",
     "scalar_loss": "ScalarLoss",
+    "flat_labels": "FlatLabels",
     "digits": "gin/digits.gin",
     "two_models": "TwoModels",
 }
@@ -264,6 +274,18 @@ def test_a_scalar_loss_fails_naming_build_losses(checks):
       "averages over the global batch).")
   assert lines[-2:] == ["SKIP input, replicas, resume: fix build_losses first",
                         "check_task | FAIL: ScalarLoss"]
+
+
+def test_labels_broadcast_against_outputs_fail_naming_build_losses(checks):
+  code, lines, _ = checks["flat_labels"].result()
+  assert code == 1
+  assert line(lines, "FAIL build_losses: ") == (
+      "FAIL build_losses: FlatLabels.build_losses: labels of shape [256] and "
+      "outputs of shape [256, 1] broadcast into a [batch, batch] loss (each "
+      "example's loss mixes every label): give the labels the outputs' shape "
+      "(`labels = tf.reshape(labels, tf.shape(model_outputs))`) or drop the "
+      "outputs' last axis of 1.")
+  assert lines[-1] == "check_task | FAIL: FlatLabels"
 
 
 def test_the_shipped_digits_task_passes(checks):

@@ -105,3 +105,28 @@ def test_the_header_names_the_precision(dtype, expected):
   assert lines[1] == (f"run | default strategy, 1 replica (CPU) | batch 64, "
                       f"64 per replica in 2 micro-batches | {expected}")
   assert lines[2] == "run | to step 1000 | tensorboard --logdir m"
+
+
+def test_a_new_run_of_an_own_train_step_on_replicas_says_how_to_check_it():
+  import trainer  # pylint: disable=g-import-not-at-top
+
+  def lines(replicas, restored):
+
+    class _Strategy:  # What the header reads of a strategy.
+      num_replicas_in_sync = replicas
+      extended = None
+
+    return run_report.header(
+        task_name="Mine", mode="train", model_dir="m", strategy=_Strategy(),
+        runtime=trainer.RuntimeConfig(distribution_strategy="mirrored"),
+        config=trainer.TrainerConfig(global_batch_size=64), num_workers=1,
+        restored_path=restored, step=0, training=True, evaluating=False,
+        own_train_step=True)
+
+  assert lines(2, None)[-1] == (
+      "run | Mine.train_step is your own: on 2 replicas its loss must be this "
+      "replica's share of the global-batch mean (tf.nn.compute_average_loss);"
+      " scripts/check_task.py with these gin files checks it against one "
+      "device")
+  assert len(lines(1, None)) == 3  # One replica: nothing to check.
+  assert len(lines(2, "m/ckpt-10")) == 3  # Said when the run was new.

@@ -8,6 +8,7 @@ import os
 import textwrap
 
 import pytest
+import tensorflow as tf
 
 import trainer
 from trainer import experiment
@@ -125,3 +126,70 @@ def test_the_readme_train_step_override_trains_in_float16(tmp_path):
   losses = [value for _, value in scalars["loss"]]
   assert losses[-1] < losses[0] / 5
   assert [value for _, value in scalars["loss_scale"]][-1] > 1
+
+
+class _FlatLabels(helpers.LinearRegression):
+  """Labels of shape [batch] against outputs [batch, 1]: `labels - outputs`
+  broadcasts to [batch, batch]."""
+
+  def build_inputs(self, training, input_context=None):
+    return super().build_inputs(training, input_context).map(
+        lambda x, y: (x, y[0]))
+
+
+class _FlatLabelsSqueezed(_FlatLabels):
+  """The same shapes, the outputs' trailing axis dropped before they meet
+  the labels: per-example losses, nothing wrong."""
+
+  def build_losses(self, labels, model_outputs, aux_losses=None):
+    return tf.square(labels - tf.squeeze(model_outputs, -1))
+
+
+BROADCAST = (r"^_FlatLabels\.build_losses: labels of shape \[{0}\] and "
+             r"outputs of shape \[{0}, 1\] broadcast into a \[batch, batch\] "
+             r"loss \(each example's loss mixes every label\): give the "
+             r"labels the outputs' shape")
+
+
+@pytest.mark.parametrize("strategy,per_replica", [("default", 32),
+                                                  ("mirrored", 16)])
+@pytest.mark.parametrize("run_eagerly", [False, True])
+def test_labels_broadcast_against_outputs_stop_the_run(tmp_path, strategy,
+                                                       per_replica,
+                                                       run_eagerly):
+  with pytest.raises(trainer.ConfigError,
+                     match=BROADCAST.format(per_replica)):
+    experiment.run(_FlatLabels(), "train", str(tmp_path),
+                   trainer.RuntimeConfig(
+                       distribution_strategy=strategy, seed=0,
+                       num_cpu_devices=2 if strategy == "mirrored" else 0,
+                       run_eagerly=run_eagerly),
+                   trainer.TrainerConfig(train_steps=20, steps_per_loop=10,
+                                         global_batch_size=32))
+  assert tf.train.latest_checkpoint(str(tmp_path)) is None  # Nothing trained.
+
+
+def test_labels_broadcast_in_evaluation_stop_it(tmp_path):
+  with pytest.raises(trainer.ConfigError, match=BROADCAST.format("batch")):
+    experiment.run(_FlatLabels(), "eval", str(tmp_path),
+                   trainer.RuntimeConfig(seed=0),
+                   trainer.TrainerConfig(eval_batch_size=60),
+                   restore_dir=_trained(tmp_path / "trained"))
+
+
+def _trained(model_dir) -> str:
+  experiment.run(helpers.LinearRegression(), "train", str(model_dir),
+                 trainer.RuntimeConfig(seed=0),
+                 trainer.TrainerConfig(train_steps=10, steps_per_loop=10,
+                                       global_batch_size=32))
+  return str(model_dir)
+
+
+def test_the_same_shapes_aligned_by_the_loss_train(tmp_path):
+  results = experiment.run(
+      _FlatLabelsSqueezed(), "train_and_eval", str(tmp_path),
+      trainer.RuntimeConfig(seed=0),
+      trainer.TrainerConfig(train_steps=200, steps_per_loop=100,
+                            global_batch_size=32, eval_batch_size=64))
+  # The labels' variance is 14.25; broadcast, the loss would stay near it.
+  assert results["loss"] < 0.5

@@ -317,3 +317,26 @@ def test_an_error_importing_the_users_module_names_its_type_and_line(
   else:
     assert len(lines) == 1, result.stderr
   assert not (project / "run").exists()
+
+
+def test_labels_that_broadcast_against_the_outputs_are_one_line(tmp_path):
+  # The README's Task with labels of shape [batch] (`reduce_sum(x, 1)`)
+  # against outputs [batch, 1]: `labels - outputs` is [batch, batch].
+  project = tmp_path / "project"
+  project.mkdir()
+  source = USER_TASK.replace("tf.reduce_sum(x, 1, True)",
+                             "tf.reduce_sum(x, 1)")
+  assert source != USER_TASK
+  (project / "my_task.py").write_text(source)
+  (project / "my.gin").write_text(USER_GIN)
+  result = helpers.run_cli(["--gin_file=my.gin", "--model_dir=run"],
+                           cwd=str(project))
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert result.stderr.strip().splitlines() == [
+      "train.py: error: Regression.build_losses: labels of shape [8] and "
+      "outputs of shape [8, 1] broadcast into a [batch, batch] loss (each "
+      "example's loss mixes every label): give the labels the outputs' "
+      "shape (`labels = tf.reshape(labels, tf.shape(model_outputs))`) or "
+      "drop the outputs' last axis of 1."]
+  # Stopped before a step was saved: nothing but the run's bookkeeping.
+  assert not [n for n in os.listdir(project / "run") if n.startswith("ckpt")]

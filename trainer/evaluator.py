@@ -78,7 +78,13 @@ class TaskEvaluator(orbit.StandardEvaluator):
     """
     self._requested_steps = int(num_steps)
     with self._weights():
-      return super().evaluate(num_steps)
+      try:
+        return super().evaluate(num_steps)
+      except tf.errors.InvalidArgumentError as e:
+        mistake = task_lib.broadcast_error(e)
+        if mistake is None:
+          raise
+        raise mistake from e
 
   def eval_begin(self):
     self._steps_run = 0

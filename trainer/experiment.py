@@ -110,7 +110,8 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
         strategy=parts.state.strategy, runtime=parts.runtime,
         config=parts.config, num_workers=parts.worker.num_workers,
         restored_path=controller.restored_path, step=controller.step,
-        training=parts.training, evaluating=parts.evaluating))
+        training=parts.training, evaluating=parts.evaluating,
+        own_train_step=task_lib.overrides(task, "train_step")))
     if controller.step:
       _resume_input(parts, controller.step)
     with _stall_warning(parts):

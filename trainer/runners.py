@@ -210,6 +210,11 @@ class TaskTrainer(orbit.StandardTrainer):
       raise errors.ConfigError(
           "the training dataset yields no batch: it is empty, or smaller "
           "than one batch.") from e
+    except tf.errors.InvalidArgumentError as e:
+      mistake = task_lib.broadcast_error(e)
+      if mistake is None:
+        raise
+      raise mistake from e
     except tf.errors.NotFoundError as e:
       if not self._input.remote:
         raise

@@ -282,7 +282,8 @@ def float32_outputs(outputs):
 
 
 def _checked_losses(build_losses):
-  """Wraps a `build_losses` so that a scalar result raises `ConfigError`."""
+  """Wraps a `build_losses` so that a scalar result, or labels broadcast
+  against the outputs into a [batch, batch] loss, raise `ConfigError`."""
   if getattr(build_losses, "_checks_rank", False):
     return build_losses
 
@@ -294,10 +295,85 @@ def _checked_losses(build_losses):
           f"{type(self).__name__}.build_losses returned a scalar: return "
           "per-example losses, shape [batch] (drop the final mean; the "
           "framework averages over the global batch).")
-    return losses
+    return _checked_alignment(self, build_losses, losses, args, kwargs)
 
   checked._checks_rank = True  # pylint: disable=protected-access
   return checked
+
+
+# Begins and ends the message of the assertion `_checked_alignment` adds to
+# a traced step, so that `broadcast_error` finds it in TensorFlow's error.
+_BROADCAST = ("<<build_losses broadcast: ", ">>")
+
+
+def _one_apart(shorter: tf.TensorShape, longer: tf.TensorShape) -> bool:
+  """Whether `longer` is `shorter` with a trailing axis of 1."""
+  return (shorter.rank is not None and longer.rank == shorter.rank + 1 and
+          shorter.rank >= 1 and longer[-1] == 1 and
+          longer[:-1].is_compatible_with(shorter))
+
+
+def _checked_alignment(task: "Task", build_losses, losses, args, kwargs):
+  """Returns `losses`, checked for labels that broadcast against outputs.
+
+  Labels of shape [batch] against outputs [batch, 1] (or the reverse) make
+  `labels - outputs` a [batch, batch] tensor; a mean over its last axis
+  still gives [batch] losses, each mixing every example's label, and the
+  loss stops falling without a word. Keras's losses squeeze such an axis;
+  a hand-written one does not. Checked only for shapes one trailing 1
+  apart: there, the first example's loss computed alone must equal its loss
+  in the batch (eagerly at once; traced, by an assertion that
+  `broadcast_error` turns into the same line).
+  """
+  labels = args[0] if args else kwargs.get("labels")
+  outputs = args[1] if len(args) > 1 else kwargs.get("model_outputs")
+  if not (tf.is_tensor(labels) and tf.is_tensor(outputs) and
+          tf.is_tensor(losses) and losses.shape.rank == 1 and
+          (_one_apart(labels.shape, outputs.shape) or
+           _one_apart(outputs.shape, labels.shape))):
+    return losses
+  rest = dict(kwargs)
+  rest.pop("labels", None)
+  rest.pop("model_outputs", None)
+  alone = build_losses(task, labels[:1], outputs[:1], *args[2:], **rest)
+  first = tf.cast(losses[:1], tf.float32)
+  alone = tf.cast(tf.reshape(alone, [-1])[:1], tf.float32)
+  aligned = tf.reduce_all(
+      tf.abs(first - alone) <= 1e-3 * tf.abs(alone) + 1e-5)
+  message = (
+      f"{type(task).__name__}.build_losses: labels of shape "
+      f"{_shape_text(labels)} and outputs of shape "
+      f"{_shape_text(outputs)} broadcast into a [batch, batch] loss (each "
+      "example's loss mixes every label): give the labels the outputs' "
+      "shape (`labels = tf.reshape(labels, tf.shape(model_outputs))`) or "
+      "drop the outputs' last axis of 1.")
+  if tf.executing_eagerly():
+    if not bool(aligned):
+      raise errors.ConfigError(message)
+    return losses
+  check = tf.debugging.Assert(aligned, [_BROADCAST[0] + message +
+                                        _BROADCAST[1]])
+  with tf.control_dependencies([check]):
+    return tf.identity(losses)
+
+
+def _shape_text(tensor) -> str:
+  """`[64, 1]`, or `[batch, 1]` where the batch size is not static."""
+  return "[" + ", ".join("batch" if d is None else str(d)
+                         for d in tensor.shape.as_list()) + "]"
+
+
+def broadcast_error(error: BaseException) -> Optional[errors.ConfigError]:
+  """The `ConfigError` for a traced step's failed alignment assertion
+  (`_checked_alignment`) behind `error`, else None."""
+  message = getattr(error, "message", None) or str(error)
+  start = message.find(_BROADCAST[0])
+  end = message.find(_BROADCAST[1], start)
+  if start < 0 or end < 0:
+    return None
+  # TensorFlow prints the assertion's string with its quotes escaped.
+  return errors.ConfigError(
+      message[start + len(_BROADCAST[0]):end].replace("\\'", "'"))
 
 
 def overrides(task: Task, hook: str) -> bool:
