@@ -265,27 +265,24 @@ def test_batched_inputs_fail_naming_build_inputs(checks):
       "SKIP input, replicas, resume: fix build_inputs first"]
 
 
-def test_a_scalar_loss_fails_naming_build_losses(checks):
-  code, lines, _ = checks["scalar_loss"].result()
+@pytest.mark.parametrize("case,task,message", [
+    ("scalar_loss", "ScalarLoss",
+     "ScalarLoss.build_losses returned a scalar: return per-example losses, "
+     "shape [batch] (drop the final mean; the framework averages over the "
+     "global batch)."),
+    ("flat_labels", "FlatLabels",
+     "FlatLabels.build_losses: labels of shape [256] and outputs of shape "
+     "[256, 1] broadcast into a [batch, batch] loss (each example's loss "
+     "mixes every label): give the labels the outputs' shape (`labels = "
+     "tf.reshape(labels, tf.shape(model_outputs))`) or drop the outputs' "
+     "last axis of 1."),
+])
+def test_wrong_losses_fail_naming_build_losses(checks, case, task, message):
+  code, lines, _ = checks[case].result()
   assert code == 1
-  assert line(lines, "FAIL build_losses: ") == (
-      "FAIL build_losses: ScalarLoss.build_losses returned a scalar: return "
-      "per-example losses, shape [batch] (drop the final mean; the framework "
-      "averages over the global batch).")
+  assert line(lines, "FAIL build_losses: ") == f"FAIL build_losses: {message}"
   assert lines[-2:] == ["SKIP input, replicas, resume: fix build_losses first",
-                        "check_task | FAIL: ScalarLoss"]
-
-
-def test_labels_broadcast_against_outputs_fail_naming_build_losses(checks):
-  code, lines, _ = checks["flat_labels"].result()
-  assert code == 1
-  assert line(lines, "FAIL build_losses: ") == (
-      "FAIL build_losses: FlatLabels.build_losses: labels of shape [256] and "
-      "outputs of shape [256, 1] broadcast into a [batch, batch] loss (each "
-      "example's loss mixes every label): give the labels the outputs' shape "
-      "(`labels = tf.reshape(labels, tf.shape(model_outputs))`) or drop the "
-      "outputs' last axis of 1.")
-  assert lines[-1] == "check_task | FAIL: FlatLabels"
+                        f"check_task | FAIL: {task}"]
 
 
 def test_the_shipped_digits_task_passes(checks):
