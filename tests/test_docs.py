@@ -360,6 +360,14 @@ def test_mkdocs_builds_the_site_strictly(tmp_path):
                         "index.html")
 
 
+def test_the_api_reference_documents_the_public_symbols():
+  import trainer  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(DOCS, "reference", "api.md"), encoding="utf-8") as f:
+    documented = re.findall(r"^::: trainer\.(\w+)$", f.read(), flags=re.M)
+  assert sorted(documented) == sorted(trainer.__all__)
+  assert documented[0] == "Task"
+
+
 def test_the_readme_is_a_front_door():
   assert os.path.getsize(README) <= README_LIMIT
   with open(README, encoding="utf-8") as f:
@@ -549,7 +557,8 @@ def _script(block: Block) -> str:
                      if l.startswith("$ "))
   lines = [shorten(l) for l in _logical_lines(text) if l.strip()]
   script = "\n".join(lines).replace("/path/to/", REPO_ROOT + "/")
-  waits = 'for job in $(jobs -p); do wait "$job"; done'
+  waits = ('status=$?\nfor job in $(jobs -p); do wait "$job" || status=$?; '
+           'done\nexit "$status"')
   head = "set -e\n" if block.language != "console" else ""
   return f"{head}{script}\n{waits}\n"
 
