@@ -408,6 +408,16 @@ def test_pages_cite_no_tests_and_keep_no_history():
                            prose), page
 
 
+def test_benchmark_figures_live_on_the_benchmarks_page():
+  with open(os.path.join(DOCS, "benchmarks.md"), encoding="utf-8") as f:
+    benchmarks = f.read()
+  for command in ("python scripts/benchmark.py",
+                  "python scripts/benchmark_input.py",
+                  "python scripts/compare_strategies.py"):
+    assert command in benchmarks
+  assert "benchmarks.md" in _prose("docs/precision-and-performance.md")
+
+
 # Every block is run or marked.
 
 
