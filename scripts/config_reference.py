@@ -1,20 +1,21 @@
-"""Renders the README's configuration reference from the configurables.
+"""Renders the configuration reference page from the configurables.
 
 Every gin configurable of `trainer/` and `tasks/` documents its parameters
 itself: a dataclass in its `Attributes:` section, a function or a Task in
 the `Args:` section of its (`__init__`) docstring. This script reads them,
 with the defaults from `dataclasses.fields` or the signature, and prints the
-Markdown reference; `--write` puts it into README.md between the markers
+Markdown reference; `--write` puts it into docs/reference/configuration.md
+between the markers
 
   <!-- config-reference:start -->
   <!-- config-reference:end -->
 
     python scripts/config_reference.py           # prints the reference
-    python scripts/config_reference.py --write   # updates README.md
-    python scripts/config_reference.py --check   # exit 1 if README.md is stale
+    python scripts/config_reference.py --write   # updates the page
+    python scripts/config_reference.py --check   # exit 1 if the page is stale
 
-Edit the docstrings, not the README, then run it with `--write`
-(`tests/test_readme.py` fails while the two differ).
+Edit the docstrings, not the page, then run it with `--write`
+(`tests/test_docs.py` fails while the two differ).
 """
 
 import argparse
@@ -38,11 +39,12 @@ if REPO_ROOT not in sys.path:
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import gin
 
-README = os.path.join(REPO_ROOT, "README.md")
+PAGE = os.path.join(REPO_ROOT, "docs", "reference", "configuration.md")
+PAGE_NAME = os.path.relpath(PAGE, REPO_ROOT)
 START = "<!-- config-reference:start -->"
 END = "<!-- config-reference:end -->"
 PACKAGES = ("trainer", "tasks")
-HEADING = "####"
+HEADING = "##"
 # The order of the reference; configurables not listed follow, by module.
 ORDER = ("experiment", "trainer", "optimizer", "learning_rate", "ema",
          "warm_start", "export", "best_checkpoint", "early_stopping",
@@ -281,15 +283,15 @@ def render() -> str:
   return "\n".join(out) + "\n"
 
 
-def readme_section(readme: str) -> str:
-  """Returns what README.md holds between the markers.
+def page_section(page: str) -> str:
+  """Returns what the reference page holds between the markers.
 
   Raises:
     ValueError: If a marker is missing.
   """
-  if START not in readme or END not in readme:
-    raise ValueError(f"README.md has no {START} ... {END} section.")
-  return readme[readme.index(START) + len(START):readme.index(END)].strip(
+  if START not in page or END not in page:
+    raise ValueError(f"{PAGE_NAME} has no {START} ... {END} section.")
+  return page[page.index(START) + len(START):page.index(END)].strip(
       "\n") + "\n"
 
 
@@ -297,33 +299,33 @@ def main(argv: Optional[List[str]] = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   group = parser.add_mutually_exclusive_group()
   group.add_argument("--write", action="store_true",
-                     help="Replace the reference in README.md.")
+                     help=f"Replace the reference in {PAGE_NAME}.")
   group.add_argument("--check", action="store_true",
-                     help="Exit 1 if README.md's reference is not current.")
+                     help=f"Exit 1 if {PAGE_NAME} is not current.")
   args = parser.parse_args(argv)
   reference = render()
   if not (args.write or args.check):
     sys.stdout.write(reference)
     return 0
-  with open(README, encoding="utf-8") as f:
-    readme = f.read()
+  with open(PAGE, encoding="utf-8") as f:
+    page = f.read()
   try:
-    current = readme_section(readme)
+    current = page_section(page)
   except ValueError as e:
     print(f"config_reference.py: error: {e}", file=sys.stderr)
     return 2
   if current == reference:
-    print("README.md: the configuration reference is current.")
+    print(f"{PAGE_NAME}: the configuration reference is current.")
     return 0
   if args.check:
-    print("README.md: the configuration reference is stale; run "
+    print(f"{PAGE_NAME}: the configuration reference is stale; run "
           "`python scripts/config_reference.py --write`.", file=sys.stderr)
     return 1
-  updated = (readme[:readme.index(START) + len(START)] + "\n" + reference +
-             readme[readme.index(END):])
-  with open(README, "w", encoding="utf-8") as f:
+  updated = (page[:page.index(START) + len(START)] + "\n" + reference +
+             page[page.index(END):])
+  with open(PAGE, "w", encoding="utf-8") as f:
     f.write(updated)
-  print("README.md: configuration reference updated.")
+  print(f"{PAGE_NAME}: configuration reference updated.")
   return 0
 
 

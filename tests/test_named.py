@@ -186,21 +186,26 @@ def test_mistakes_with_several_models_are_one_line(tmp_path, bindings, task,
   assert not os.path.exists(tmp_path / "checkpoint")
 
 
-def _readme_block(first_line):
-  """The fenced block of README.md whose first line is `first_line`."""
-  text = open(os.path.join(helpers.REPO_ROOT, "README.md")).read()
+WRITING_A_TASK = os.path.join(helpers.REPO_ROOT, "docs", "writing-a-task.md")
+
+
+def _docs_block(first_line):
+  """The fenced block of docs/writing-a-task.md whose first line is
+  `first_line`."""
+  text = open(WRITING_A_TASK).read()
   for block in text.split("```")[1::2]:
     body = block.split("\n", 1)[1] if "\n" in block else ""
     if body.startswith(first_line):
       return body
-  raise AssertionError(f"no README block starts with {first_line!r}")
+  raise AssertionError(f"no block of {WRITING_A_TASK} starts with "
+                       f"{first_line!r}")
 
 
-def test_the_readme_two_optimizer_task_trains_as_written(tmp_path):
+def test_the_documented_two_optimizer_task_trains_as_written(tmp_path):
   # As a user copies it: the module and the gin file in their own folder,
   # train.py run from there with a relative model_dir.
-  (tmp_path / "my_gan.py").write_text(_readme_block("# my_gan.py"))
-  (tmp_path / "my_gan.gin").write_text(_readme_block("# my_gan.gin"))
+  (tmp_path / "my_gan.py").write_text(_docs_block("# my_gan.py"))
+  (tmp_path / "my_gan.gin").write_text(_docs_block("# my_gan.gin"))
   result = helpers.run_cli(["--gin_file=my_gan.gin", "--model_dir=runs/gan"],
                            cwd=str(tmp_path))
   assert result.returncode == 0, result.stderr[-3000:]

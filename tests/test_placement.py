@@ -119,7 +119,7 @@ print("accuracy", float(np.mean(np.argmax(logits, -1) == labels)))
 
 
 @pytest.mark.slow
-def test_the_readme_command_trains_resumes_unsplit_and_back_and_exports(
+def test_the_documented_command_trains_resumes_unsplit_and_back_and_exports(
     tmp_path):
   # As a user: from another directory, a relative model_dir.
   common = ["--gin_file=gin/split_digits.gin", "--model_dir=runs/split"]

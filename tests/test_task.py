@@ -82,14 +82,15 @@ def test_overrides_tells_a_replaced_hook_from_an_inherited_one():
   assert not task_lib.overrides(Gathering(), "train_step")
 
 
-def _readme_train_step():
-  """Returns the README's complete `train_step` override, as a function."""
-  with open(os.path.join(helpers.REPO_ROOT, "README.md")) as f:
-    readme = f.read()
-  start = readme.index("  def train_step(self, inputs, model, optimizer, "
+def _documented_train_step():
+  """Returns the complete `train_step` override of docs/writing-a-task.md,
+  as a function."""
+  with open(os.path.join(helpers.REPO_ROOT, "docs", "writing-a-task.md")) as f:
+    page = f.read()
+  start = page.index("  def train_step(self, inputs, model, optimizer, "
                        "metrics=None):\n    features, labels = inputs\n"
                        "    with tf.GradientTape() as tape:\n      # float16")
-  source = readme[start:readme.index("```", start)]
+  source = page[start:page.index("```", start)]
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tf_keras  # pylint: disable=g-import-not-at-top
   namespace = {"tf": tf, "tf_keras": tf_keras, "trainer": trainer}
@@ -97,14 +98,14 @@ def _readme_train_step():
   return namespace["train_step"]
 
 
-class _ReadmeOverride(helpers.LinearRegression):
-  train_step = _readme_train_step()
+class _DocumentedOverride(helpers.LinearRegression):
+  train_step = _documented_train_step()
 
 
-def test_the_readme_train_step_override_is_replica_invariant(tmp_path):
-  one_w, one_loss = _train(_ReadmeOverride(), "one_device",
+def test_the_documented_train_step_override_is_replica_invariant(tmp_path):
+  one_w, one_loss = _train(_DocumentedOverride(), "one_device",
                            str(tmp_path / "one"))
-  two_w, two_loss = _train(_ReadmeOverride(), "mirrored",
+  two_w, two_loss = _train(_DocumentedOverride(), "mirrored",
                            str(tmp_path / "two"))
   assert helpers.max_weight_difference(one_w, two_w) < TIGHT
   assert one_loss == pytest.approx(two_loss, rel=1e-5)
@@ -114,14 +115,14 @@ def test_the_readme_train_step_override_is_replica_invariant(tmp_path):
   assert all(value > 0 for _, value in penalties)
 
 
-def test_the_readme_train_step_override_trains_in_float16(tmp_path):
+def test_the_documented_train_step_override_trains_in_float16(tmp_path):
   runtime = trainer.RuntimeConfig(distribution_strategy="mirrored",
                                   num_cpu_devices=2, seed=1,
                                   mixed_precision_dtype="float16")
   config = trainer.TrainerConfig(train_steps=40, steps_per_loop=10,
                                  summary_interval=10, global_batch_size=32,
                                  checkpoint_interval=40)
-  experiment.run(_ReadmeOverride(), "train", str(tmp_path), runtime, config)
+  experiment.run(_DocumentedOverride(), "train", str(tmp_path), runtime, config)
   scalars = helpers.read_scalars(str(tmp_path / "train"))
   losses = [value for _, value in scalars["loss"]]
   assert losses[-1] < losses[0] / 5

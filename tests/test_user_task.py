@@ -1,5 +1,6 @@
-"""A user's own Task, in a module outside the repository, run as the README
-tells: from its own directory, with a relative model_dir, in every mode."""
+"""A user's own Task, in a module outside the repository, run as
+docs/writing-a-task.md tells: from its own directory, with a relative
+model_dir, in every mode."""
 
 import os
 import textwrap
@@ -9,7 +10,7 @@ import pytest
 
 import helpers
 
-# The README's Task, with the Model Garden hooks a user brings: a complete
+# The documented Task, with the Model Garden hooks a user brings: a complete
 # `train_step` override returning an extra scalar, and whole-eval-set
 # metrics through `aggregate_logs(state, step_logs)` with `state=None` first.
 USER_TASK = textwrap.dedent('''
