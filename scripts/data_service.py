@@ -31,8 +31,9 @@ SIGTERM: measured for 10 minutes.)
 A dispatcher started with `--work_dir` keeps a journal there
 (`fault_tolerant_mode`): restarted on the same port and directory, it
 resumes the jobs it served, and trainers go on after a pause. Without one,
-trainers wait while it is down and fail with one line when it comes back
-(`the tf.data service lost this run's job ...`); their checkpoints stay.
+trainers wait while it is down and, when it comes back, go on with a new job
+that reads their input from its first batch (`warning | the tf.data service
+lost this run's job at step N ...`).
 """
 
 import os

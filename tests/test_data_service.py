@@ -295,17 +295,59 @@ def test_a_dispatcher_with_a_journal_is_restarted_and_training_goes_on(
   assert helpers.checkpoint_step(str(tmp_path / "run")) == 600
 
 
+_LOST_JOB = re.compile(
+    r"^warning \| the tf\.data service lost this run's job at step (\d+) \(a "
+    r"dispatcher restarted without `--work_dir` keeps none\): training goes "
+    r"on with a new job, reading the input from its first batch$", re.M)
+
+
 @pytest.mark.slow
-def test_a_dispatcher_without_a_journal_is_restarted_and_training_stops(
+def test_a_dispatcher_without_a_journal_is_restarted_and_training_goes_on(
     tmp_path):
   run = _restart_dispatcher_mid_run(tmp_path)
-  assert run.process.returncode == 1
-  # Two wordings were seen: "Unknown iteration client id" (when the client
-  # asks the dispatcher first) or "Iteration id ... not found" (a worker).
-  assert run.stderr.strip().splitlines()[-1].startswith(
-      "train.py: error: the tf.data service lost this run's job (a "
-      "dispatcher restarted without `--work_dir` keeps none): run the same "
-      "command again to resume from the newest checkpoint. ("), (
-          run.stderr[-2000:])
-  # What was saved before stays.
-  assert helpers.checkpoint_step(str(tmp_path / "run")) >= 200
+  assert run.process.returncode == 0, run.lines[-20:]
+  # Said once, at a step past the checkpoint the restart followed.
+  lost = _LOST_JOB.findall(run.output)
+  assert len(lost) == 1 and int(lost[0]) >= 200, run.output[-3000:]
+  assert _accuracy(run.output) >= 0.95
+  assert helpers.checkpoint_step(str(tmp_path / "run")) == 600
+
+
+@pytest.mark.slow
+def test_one_rerun_resumes_after_the_trainer_and_the_dispatcher_died(
+    tmp_path):
+  # Before, the first rerun after a dispatcher restart failed and only the
+  # second resumed. (A new job may meet the lost job's task ids, which the
+  # restarted dispatcher hands out again, and fail: the running trainer of
+  # the test above meets that; then one more new job is read.)
+  ports = helpers.free_ports(2)
+  servers = [_Server(f"--port={ports[0]}"),
+             _Server(f"--port={ports[1]}",
+                     f"--dispatcher=127.0.0.1:{ports[0]}",
+                     "--host=127.0.0.1")]
+  args = ["--gin_file=gin/digits.gin", "--model_dir=run",
+          f"--gin_param=runtime.data_service=\"grpc://127.0.0.1:{ports[0]}\"",
+          "--gin_param=trainer.train_steps=600",
+          "--gin_param=trainer.checkpoint_interval=100",
+          "--gin_param=trainer.validation_interval=600"]
+  run = helpers.TrainProcess(args, cwd=str(tmp_path))
+  try:
+    run.wait_for(r"^saved checkpoint run/ckpt-200", timeout=TIMEOUT)
+    run.process.kill()
+    run.finish(timeout=TIMEOUT)
+    servers[0].process.kill()
+    servers[0].process.wait()
+    servers.append(_Server(f"--port={ports[0]}"))
+    assert "dispatcher serving" in servers[-1].first_line
+    rerun = helpers.run_cli(args, cwd=str(tmp_path), timeout=TIMEOUT)
+  finally:
+    run.close()
+    for server in servers:
+      server.stop()
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  restored = re.search(r"^restored checkpoint run/ckpt-(\d+) at step",
+                       rerun.stdout, re.M)
+  assert restored and int(restored.group(1)) >= 200, rerun.stdout[-2000:]
+  assert _LOST_JOB.findall(rerun.stdout) in ([], [restored.group(1)])
+  assert _accuracy(rerun.stdout) >= 0.95
+  assert helpers.checkpoint_step(str(tmp_path / "run")) == 600

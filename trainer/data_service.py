@@ -20,7 +20,9 @@ Resuming: the service's iterator cannot be saved in a checkpoint
 the order workers finish them. A resumed run reads the pipeline from its
 start again (`trainer.input_position='skip'` instead reads and drops as many
 batches as were trained on, through the service: an approximation, since
-the order is not reproducible).
+the order is not reproducible). A dispatcher restarted without a journal
+forgets every job: the trainer goes on with a new one
+(`runners.TaskTrainer`), which also reads the pipeline from its start.
 """
 
 import re
@@ -33,6 +35,7 @@ import tensorflow as tf
 from trainer import checks
 from trainer import console
 from trainer import errors
+from trainer import user_errors
 
 MODES = ("distributed_epoch", "parallel_epochs")
 # The strategies whose trainer is one process reading one input pipeline.
@@ -115,18 +118,35 @@ def describe(runtime) -> str:
           f"{f', shared job {job!r}' if job else ''})")
 
 
-def lost_job(error: tf.errors.NotFoundError) -> errors.RunError:
-  """Says what a `NotFoundError` from the service's client means.
+# New jobs tried in a row, each yielding no batch, before a run gives up.
+NEW_JOBS = 3
+
+
+def _not_found(error: tf.errors.NotFoundError) -> str:
+  """The service's own words, without TensorFlow's graph and op tags."""
+  return user_errors.cause(error).removeprefix("NotFoundError: ")
+
+
+def new_job_line(step: int) -> str:
+  """Says that training reads from a new job after the service lost its own.
 
   Seen after a dispatcher without a journal was restarted, in two
   wordings: "Unknown iteration client id" (asking the dispatcher) or
   "Iteration id ... not found" (asking a worker).
   """
-  cause = (error.message.strip().splitlines() or [""])[0]
+  return (f"the tf.data service lost this run's job at step {step} (a "
+          "dispatcher restarted without `--work_dir` keeps none): training "
+          "goes on with a new job, reading the input from its first batch")
+
+
+def lost_job(error: tf.errors.NotFoundError, jobs: int) -> errors.RunError:
+  """The error that ends a run when `jobs` new jobs in a row yielded
+  nothing."""
   return errors.RunError(
-      "the tf.data service lost this run's job (a dispatcher restarted "
-      "without `--work_dir` keeps none): run the same command again to "
-      f"resume from the newest checkpoint. ({cause})")
+      f"the tf.data service lost this run's job, and {jobs} new job(s) in a "
+      "row yielded no batch: check the dispatcher and its workers (python "
+      "scripts/data_service.py), then run the same command again to resume "
+      f"from the newest checkpoint ({_not_found(error)})")
 
 
 class NoDispatcher(OSError):

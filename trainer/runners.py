@@ -196,12 +196,13 @@ class TaskTrainer(orbit.StandardTrainer):
       errors.ConfigError: If the input ends: it repeats forever, so it holds
         no complete batch at all. (Only here: a save failing for a file-size
         limit raises `OutOfRangeError` too, and is no input problem.)
-      errors.RunError: If the tf.data service no longer knows this run's
-        job.
+      errors.RunError: If the tf.data service lost this run's job and a new
+        one yields nothing.
     """
     self.in_loop = True
     try:
-      output = super().train(num_steps)
+      output = (self._train_on_new_jobs(num_steps) if self._input.remote
+                else super().train(num_steps))
       if not self._checked_optimizers:
         self._checked_optimizers = True
         self._check_every_optimizer_stepped()
@@ -215,12 +216,45 @@ class TaskTrainer(orbit.StandardTrainer):
       if mistake is None:
         raise
       raise mistake from e
-    except tf.errors.NotFoundError as e:
-      if not self._input.remote:
-        raise
-      raise data_service.lost_job(e) from e
     finally:
       self.in_loop = False
+
+  def _train_on_new_jobs(self, num_steps: tf.Tensor):
+    """Trains `num_steps` steps on the tf.data service's batches, reading
+    from a new job where the service lost this run's.
+
+    A dispatcher restarted without a journal forgets every dataset and job:
+    the iterator fails with `NotFoundError`, after the steps the loop had
+    trained. The pipeline built again registers anew and reads a new job,
+    from its first batch (as a resumed run does). The first new job may
+    fail too (measured: its ids are the restarted dispatcher's first, which
+    the workers still hold for the lost job's tasks), so up to
+    `data_service.NEW_JOBS` new jobs in a row are tried.
+
+    Raises:
+      errors.RunError: If none of them yields a batch.
+    """
+    remaining = int(num_steps)
+    failures = 0  # The job lost, then new jobs that yielded no batch.
+    while True:
+      start = int(self.global_step.numpy())
+      try:
+        return super().train(tf.constant(remaining, tf.int32))
+      except tf.errors.NotFoundError as e:
+        trained = int(self.global_step.numpy()) - start
+        remaining -= trained
+        if trained:
+          failures = 0
+        if not failures:
+          console.warning(data_service.new_job_line(start + trained))
+        failures += 1
+        if failures > data_service.NEW_JOBS:
+          raise data_service.lost_job(e, data_service.NEW_JOBS) from e
+        # A new pipeline: the old one names a dataset id the restarted
+        # dispatcher does not know ("Dataset id 1000 not found", measured).
+        with tf.device("/cpu:0"):
+          self.train_iterator = iter(self._input.build())
+        self.train_dataset = self.train_iterator
 
   def _check_every_optimizer_stepped(self) -> None:
     """After the first loop of a Task with several models: each optimizer
