@@ -77,8 +77,15 @@ FAULTY_GIN = textwrap.dedent('''
     trainer.global_batch_size = 64
 ''')
 
-KEPT = ("no checkpoint of step 10 saved; the newest checkpoint (step 8) is "
-        "kept; run the same command again to resume (exit code 42)")
+# The input blocks in step 12 (`fault_at=704`), in the loop of steps 11 and
+# 12: step 11 is trained, step 8 is the newest checkpoint.
+STUCK_AT = "--gin_param=FaultyDigits.fault_at=704"
+
+
+def _kept(signal_name):
+  return (f"the checkpoint of step 8 was saved before {signal_name}; steps "
+          "9-11 are not saved; run the same command again to resume from "
+          "step 8 (exit code 42)")
 
 
 @pytest.fixture(name="faulty_gin")
@@ -98,7 +105,7 @@ def _stuck_at_step_10(faulty_gin, model_dir, *params):
   """Starts a run whose input blocks in step 11; returns once it waits."""
   run = helpers.TrainProcess(
       [faulty_gin, f"--model_dir={model_dir}", "--mode=train",
-       '--gin_param=FaultyDigits.fault="block"', *params])
+       '--gin_param=FaultyDigits.fault="block"', STUCK_AT, *params])
   run.wait_for(r"train \| step\s+10/", timeout=120)
   time.sleep(1)  # Into the loop of steps 11 and 12, waiting for input.
   return run
@@ -128,8 +135,9 @@ def test_sigterm_while_the_input_blocks_exits_after_the_grace_period(
   assert ("warning | received SIGTERM: saving a checkpoint after this loop"
           in run.output)
   assert _last_stderr_line(run) == (
-      "train.py: error: preempted: training did not stop within 3 s of "
-      "SIGTERM (`trainer.preemption_grace_seconds`); " + KEPT)
+      "train.py: error: preempted at step 11: training did not stop within "
+      "3 s of SIGTERM (`trainer.preemption_grace_seconds`); " +
+      _kept("SIGTERM"))
   _assert_step_8_intact(model_dir)
 
   # The same command resumes from it (here up to step 10, before the fault).
@@ -157,9 +165,31 @@ def test_a_second_signal_exits_at_once(tmp_path, faulty_gin):
   assert time.time() - sent < 5
   assert returncode == 42, run.stderr[-2000:]
   assert _last_stderr_line(run) == (
-      "train.py: error: preempted: a second signal (SIGINT) came before "
-      "training stopped; " + KEPT)
+      "train.py: error: preempted at step 11: a second signal (SIGINT) ended "
+      "it at once; " + _kept("SIGTERM"))
   _assert_step_8_intact(model_dir)
+
+
+def test_the_same_signal_twice_at_once_saves_as_one(tmp_path):
+  # `timeout` signals the process, then its group: two SIGTERMs at once.
+  model_dir = tmp_path / "run"
+  run = helpers.TrainProcess(
+      ["--gin_file=gin/digits.gin", f"--model_dir={model_dir}",
+       "--mode=train", "--gin_param=trainer.train_steps=100000",
+       "--gin_param=trainer.checkpoint_interval=100"])
+  try:
+    run.wait_for(r"^saved checkpoint .*ckpt-100$", timeout=120)
+    run.process.send_signal(signal.SIGTERM)
+    run.process.send_signal(signal.SIGTERM)
+    returncode = run.finish(timeout=60)
+  finally:
+    run.close()
+  assert returncode == 42, run.stderr[-2000:]
+  last = _last_stderr_line(run)
+  step = helpers.checkpoint_step(str(model_dir))
+  assert last == (f"train.py: error: preempted at step {step}: checkpoint "
+                  "saved; run the same command again to resume (exit code "
+                  "42)"), run.stderr[-2000:]
 
 
 def _blocked_signals(pid):
@@ -273,10 +303,44 @@ def test_receiver_defers_while_armed_and_exits_when_the_time_is_up():
     with pytest.raises(_Exited) as exited:
       receiver.expire()
   assert exited.value.args[0] == (
-      "preempted: training did not stop within 3 s of SIGINT "
-      "(`trainer.preemption_grace_seconds`); no checkpoint of step 10 "
-      "saved; there is no earlier one; run the same command again to resume "
+      "preempted at step 10: training did not stop within 3 s of SIGINT "
+      "(`trainer.preemption_grace_seconds`); no checkpoint is saved yet; "
+      "steps 1-10 are not saved; run the same command again to start over "
       "(exit code 42)")
+
+
+def test_receiver_says_which_steps_a_forced_exit_leaves_unsaved():
+  progress = [(507, 500)]
+  exits = []
+  receiver = preemption.Receiver(lambda line, code: exits.append(line),
+                                 clock=lambda: now[0])
+  now = [0.0]
+  watcher = preemption.PreemptionWatcher()
+  watcher.progress_fn = lambda: progress[0]
+  receiver.watcher = watcher
+  receiver.configure(42, 25.0, training=True)
+  with watcher.armed():
+    receiver.handle(signal.SIGTERM)
+    now[0] = 0.5
+    receiver.handle(signal.SIGTERM)  # The same delivery: `timeout`'s.
+    assert not exits
+    now[0] = 30.0
+    receiver.expire()
+    progress[0] = (510, 510)  # The loop came back and saved for SIGTERM.
+    receiver.handle(signal.SIGINT)
+    progress[0] = (3, None)
+    receiver.handle(signal.SIGINT)
+  assert exits == [
+      "preempted at step 507: training did not stop within 25 s of SIGTERM "
+      "(`trainer.preemption_grace_seconds`); the checkpoint of step 500 was "
+      "saved before SIGTERM; steps 501-507 are not saved; run the same "
+      "command again to resume from step 500 (exit code 42)",
+      "preempted at step 510: a second signal (SIGINT) ended it at once; "
+      "the checkpoint of step 510 was saved for SIGTERM; run the same "
+      "command again to resume from step 510 (exit code 42)",
+      "preempted at step 3: a second signal (SIGINT) ended it at once; no "
+      "checkpoint is saved yet; steps 1-3 are not saved; run the same "
+      "command again to start over (exit code 42)"]
 
 
 def test_receiver_after_training_names_the_final_checkpoint():

@@ -108,13 +108,26 @@ class Controller(orbit.Controller):
     self._warned_past = False
     self._constructed = False
     if preemption is not None:
-      preemption.progress_fn = lambda: (self._step, self._newest_step)
+      preemption.progress_fn = lambda: (self._live_step(), self._newest_step)
     super().__init__(**kwargs)
     self._constructed = True
     self._directory_identity = (
         _identity(self.checkpoint_manager.directory)
         if self.checkpoint_manager is not None else None)
     self._step = int(self.global_step.numpy())
+
+  def _live_step(self) -> int:
+    """The global step as a loop moves it, for another thread (a signal's
+    exit line); between loops, and where reading it needs a parameter
+    server that may be gone, the step the last loop reached."""
+    if (self._step is None or not getattr(self.trainer, "in_loop", False) or
+        isinstance(self.strategy,
+                   tf.distribute.experimental.ParameterServerStrategy)):
+      return self._step
+    try:
+      return int(self.global_step.numpy())
+    except (tf.errors.OpError, ValueError, RuntimeError):
+      return self._step
 
   @property
   def step(self) -> int:

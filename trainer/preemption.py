@@ -8,8 +8,10 @@ and stops with `errors.Preempted`, which the command line turns into
 `trainer.preemption_exit_code` (TensorFlow's own handler uses 42; 0 would
 tell a scheduler the job finished). If training has not stopped
 `trainer.preemption_grace_seconds` after the signal (a loop stuck on its
-input, say), or on a second signal, the process exits at once with the same
-code, keeping the checkpoints already saved (a save is written to
+input, say), or on a second signal (the same signal again within
+`DUPLICATE_SECONDS` is the same delivery), the process exits at once with
+the same code, saying which step it reached and which checkpoint was saved
+when, keeping the checkpoints already saved (a save is written to
 `ckpt-N_temp` and renamed, and the state file is updated last, so an
 interrupted save is never restored). Outside training (start-up, the final
 evaluation and export, the eval modes) nothing waits: the process exits at
@@ -52,6 +54,9 @@ REQUEUE_SIGNAL = signal.SIGUSR1
 SIGNALS = (signal.SIGTERM, signal.SIGINT, REQUEUE_SIGNAL)
 DEFAULT_EXIT_CODE = 42
 DEFAULT_GRACE_SECONDS = 25.0
+# The same signal again this soon is the same delivery: `timeout` (and `kill
+# 0`) signals the process and then its group, so it gets two SIGTERMs.
+DUPLICATE_SECONDS = 1.0
 
 # The step reached and the newest checkpoint's step (None: none yet).
 Progress = Tuple[int, Optional[int]]
@@ -234,6 +239,9 @@ class Receiver:
     self._training = True
     self._configured = False
     self._first: Optional[int] = None
+    self._first_at = 0.0
+    # The newest checkpoint's step when the first signal came.
+    self._newest_at_signal: Optional[int] = None
     self._deadline: Optional[float] = None
     self._pending_requeue = False  # SIGUSR1 before the watcher came.
     self.watcher: Optional[PreemptionWatcher] = None
@@ -284,14 +292,19 @@ class Receiver:
         self._wait_to_requeue()):
       return
     if self._first is not None:
+      if (signum == self._first and
+          self._clock() - self._first_at < DUPLICATE_SECONDS):
+        return
       if not self._configured:
         self._exit_now(self._first)
       else:
         self._exit_fn(self._forced(
-            f"a second signal ({_name(signum)}) came before training "
-            "stopped"), self._exit_code)
+            f"a second signal ({_name(signum)}) ended it at once"),
+                      self._exit_code)
       return
-    self._first = signum
+    self._first, self._first_at = signum, self._clock()
+    progress = self._progress()
+    self._newest_at_signal = progress[1] if progress else None
     if not self._configured:
       # Waits for the configured exit code, at most the default grace.
       self._deadline = self._clock() + self._grace_seconds
@@ -365,19 +378,32 @@ class Receiver:
     self._exit_fn(line, code)
 
   def _forced(self, reason: str) -> str:
-    """The line for an exit during training, without waiting for it."""
+    """The line for an exit during training, without waiting for it: the
+    step reached, and which checkpoint was saved when."""
     code, progress = self._exit_code, self._progress()
     if progress is None:
       return (f"preempted: {reason}; run the same command again (exit code "
               f"{code})")
     step, newest = progress
-    if newest == step:
-      return (f"preempted at step {step}: checkpoint saved; {reason}; run "
-              f"the same command again to resume (exit code {code})")
+    first = _name(self._first)
     if newest is None:
-      kept = "there is no earlier one"
+      saved = "no checkpoint is saved yet"
+      if step:
+        saved += f"; {_steps(1, step)} not saved"
+      return (f"preempted at step {step}: {reason}; {saved}; run the same "
+              f"command again to start over (exit code {code})")
+    if newest == self._newest_at_signal:
+      saved = f"the checkpoint of step {newest} was saved before {first}"
     else:
-      kept = f"the newest checkpoint (step {newest}) is kept"
-    return (f"preempted: {reason}; no checkpoint of step {step} saved; "
-            f"{kept}; run the same command again to resume (exit code "
-            f"{code})")
+      saved = f"the checkpoint of step {newest} was saved for {first}"
+    if step > newest:
+      saved += f"; {_steps(newest + 1, step)} not saved"
+    return (f"preempted at step {step}: {reason}; {saved}; run the same "
+            f"command again to resume from step {newest} (exit code {code})")
+
+
+def _steps(first: int, last: int) -> str:
+  """`step 7 is` or `steps 501-507 are`."""
+  if first == last:
+    return f"step {first} is"
+  return f"steps {first}-{last} are"
