@@ -223,8 +223,9 @@ class _Clock:
 def test_a_stall_is_warned_about_once_until_training_moves(capsys):
   clock, step = _Clock(), [None]  # It starts before the first loop.
   runtime = trainer.RuntimeConfig(data_service="grpc://10.0.0.5:5050")
-  warning = data_service.StallWarning(runtime, lambda: step[0], seconds=60,
-                                      poll_seconds=0.01, clock=clock)
+  warning = data_service.StallWatch(runtime, lambda: step[0], seconds=60,
+                                    poll_seconds=0.01, clock=clock,
+                                    workers_fn=lambda address: [])
   with warning:
     time.sleep(0.1)
     step[0] = 0  # The first loop begins.
@@ -255,6 +256,48 @@ def test_a_stall_is_warned_about_once_until_training_moves(capsys):
     clock.now = 761.0
     time.sleep(0.1)
   assert "from step 100 for 61 s" in capsys.readouterr().out
+
+
+def test_a_stall_past_the_timeout_ends_the_run_naming_the_workers(capsys):
+  clock, step, ended = _Clock(), [None], []
+  answers = [["127.0.0.1:5051", "127.0.0.1:5052"], []]
+
+  def workers(address):
+    assert address == "grpc://127.0.0.1:5050"
+    if not answers:
+      raise data_service.NoDispatcher("Connection refused", True)
+    return answers[0]
+
+  runtime = trainer.RuntimeConfig(data_service="grpc://127.0.0.1:5050",
+                                  data_service_timeout=300)
+  watch = data_service.StallWatch(
+      runtime, lambda: step[0], lambda *args: ended.append(args) or True,
+      seconds=60, poll_seconds=0.01, clock=clock, workers_fn=workers)
+  with watch:
+    step[0] = 0
+    time.sleep(0.1)
+    step[0] = 200  # Trained: the timeout counts once, not twice.
+    time.sleep(0.1)
+    clock.now = 30.0
+    answers.pop(0)  # The workers are gone.
+    time.sleep(0.1)
+    clock.now = 299.0
+    time.sleep(0.1)
+    assert not ended
+    answers.pop(0)  # The dispatcher too.
+    clock.now = 301.0
+    time.sleep(0.1)
+  assert ended == [(200, 301.0, (
+      "the dispatcher at grpc://127.0.0.1:5050 does not answer (Connection "
+      "refused); worker(s) last seen 301 s ago: 127.0.0.1:5051, "
+      "127.0.0.1:5052"))]
+  assert data_service.timeout_line(
+      runtime, 200, 301.0, "WHY", "the checkpoint of step 200 is saved") == (
+          "no batch from the tf.data service for 301 s at step 200 "
+          "(`runtime.data_service_timeout`): WHY; the checkpoint of step 200 "
+          "is saved; start workers (python scripts/data_service.py "
+          "--port=PORT --dispatcher=127.0.0.1:5050) and run the same "
+          "command again")
 
 
 def _restart_dispatcher_mid_run(tmp_path, *dispatcher_args):
@@ -351,3 +394,74 @@ def test_one_rerun_resumes_after_the_trainer_and_the_dispatcher_died(
   assert _LOST_JOB.findall(rerun.stdout) in ([], [restored.group(1)])
   assert _accuracy(rerun.stdout) >= 0.95
   assert helpers.checkpoint_step(str(tmp_path / "run")) == 600
+
+
+def _lone_worker_run(tmp_path, *params):
+  """A dispatcher, one worker and a digits run reading from them, past its
+  checkpoint of step 100; returns (run, [dispatcher, worker], ports)."""
+  ports = helpers.free_ports(3)
+  servers = [_Server(f"--port={ports[0]}"),
+             _Server(f"--port={ports[1]}",
+                     f"--dispatcher=127.0.0.1:{ports[0]}",
+                     "--host=127.0.0.1")]
+  run = helpers.TrainProcess(
+      ["--gin_file=gin/digits.gin", "--model_dir=run", "--mode=train",
+       f"--gin_param=runtime.data_service=\"grpc://127.0.0.1:{ports[0]}\"",
+       "--gin_param=trainer.checkpoint_interval=100", *params],
+      cwd=str(tmp_path))
+  run.wait_for(r"^saved checkpoint run/ckpt-100$", timeout=TIMEOUT)
+  return run, servers, ports
+
+
+@pytest.mark.slow
+def test_no_batch_within_the_timeout_saves_the_step_and_exits_1(tmp_path):
+  run, servers, ports = _lone_worker_run(
+      tmp_path, "--gin_param=trainer.train_steps=100000",
+      "--gin_param=runtime.data_service_timeout=10")
+  try:
+    servers[1].process.kill()  # The only worker.
+    killed = time.time()
+    returncode = run.finish(timeout=TIMEOUT)
+  finally:
+    run.close()
+    for server in servers:
+      server.stop()
+  waited = time.time() - killed
+  assert returncode == 1, run.stderr[-3000:]
+  assert 10 <= waited < 60, waited
+  last = run.stderr.strip().splitlines()[-1]
+  found = re.fullmatch(
+      r"train\.py: error: no batch from the tf\.data service for 1\d s at "
+      r"step (\d+) \(`runtime\.data_service_timeout`\): the dispatcher at "
+      rf"grpc://127\.0\.0\.1:{ports[0]} (has worker\(s\) 127\.0\.0\.1:"
+      rf"{ports[1]}, which send none|has no worker; worker\(s\) last seen "
+      rf"\d+ s ago: 127\.0\.0\.1:{ports[1]}); the checkpoint of step (\d+) "
+      r"is saved; start workers \(python scripts/data_service\.py "
+      rf"--port=PORT --dispatcher=127\.0\.0\.1:{ports[0]}\) and run the same "
+      r"command again", last)
+  assert found, last
+  step = int(found.group(1))
+  assert found.group(3) == found.group(1)
+  # What the loop trained since the checkpoint of step 100 is kept.
+  assert step > 100
+  assert helpers.checkpoint_step(str(tmp_path / "run")) == step
+
+
+@pytest.mark.slow
+def test_a_new_worker_lets_a_waiting_run_go_on(tmp_path):
+  run, servers, ports = _lone_worker_run(
+      tmp_path, "--gin_param=trainer.train_steps=600")
+  try:
+    servers[1].process.kill()
+    time.sleep(10)  # The run waits.
+    servers.append(_Server(f"--port={ports[2]}",
+                           f"--dispatcher=127.0.0.1:{ports[0]}",
+                           "--host=127.0.0.1"))
+    returncode = run.finish(timeout=TIMEOUT)
+  finally:
+    run.close()
+    for server in servers:
+      server.stop()
+  assert returncode == 0, run.stderr[-3000:]
+  assert helpers.checkpoint_step(str(tmp_path / "run")) == 600
+

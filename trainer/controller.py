@@ -129,6 +129,29 @@ class Controller(orbit.Controller):
     except (tf.errors.OpError, ValueError, RuntimeError):
       return self._step
 
+  def save_while_waiting(self) -> Optional[str]:
+    """Saves the step a loop reached while it waits for input; called from
+    another thread, the loop blocked in `next`. Returns what is saved, in
+    words, or None if the loop moved during the save (its input came back:
+    the checkpoint may mix two steps, as asynchronous training's do, and
+    the next save supersedes it).
+    """
+    step = self._live_step()
+    if self.checkpoint_manager is None:
+      return f"no checkpoint is kept (steps to {step} are not saved)"
+    if step == self._newest_step:
+      return f"the checkpoint of step {step} is saved"
+    try:
+      self._guard.check_saveable(step, self._last_saved_step)
+    except errors.NonFiniteError as e:
+      return f"step {step} is not saved ({e})"
+    path = self.checkpoint_manager.save(checkpoint_number=step)
+    if self._live_step() != step:
+      return None
+    self._newest_step = step
+    console.info(f"saved checkpoint {path}")
+    return f"the checkpoint of step {step} is saved"
+
   @property
   def step(self) -> int:
     """The global step, without reading it from the device."""

@@ -28,7 +28,7 @@ forgets every job: the trainer goes on with a new one
 import re
 import threading
 import time
-from typing import Callable
+from typing import Callable, List, Optional
 
 import tensorflow as tf
 
@@ -60,6 +60,9 @@ def check(runtime) -> None:
   """
   checks.choice("runtime.data_service_mode", runtime.data_service_mode,
                 MODES)
+  if runtime.data_service_timeout is not None:
+    checks.positive("runtime.data_service_timeout",
+                    runtime.data_service_timeout)
   if runtime.data_service is None:
     checks.require(
         runtime.data_service_job_name is None,
@@ -216,41 +219,116 @@ def check_reachable(runtime, timeout: float = 10.0) -> None:
         f"python scripts/data_service.py --port={port}") from None
 
 
-class StallWarning:
-  """Warns when training stops advancing while it reads from the service.
+_GET_WORKERS = "/tensorflow.data.DispatcherService/GetWorkers"
+
+
+def _length_delimited(message: bytes, number: int) -> List[bytes]:
+  """The values of field `number` (strings, messages) of a serialised
+  protocol buffer.
+
+  By hand: TensorFlow ships no Python module for the service's messages,
+  and reading a worker list needs only the wire format's four rules.
+  """
+  def varint(i):
+    value = shift = 0
+    while True:
+      byte = message[i]
+      value |= (byte & 0x7f) << shift
+      i, shift = i + 1, shift + 7
+      if not byte & 0x80:
+        return value, i
+
+  values, i = [], 0
+  while i < len(message):
+    key, i = varint(i)
+    wire_type = key & 7
+    if wire_type == 0:
+      _, i = varint(i)
+    elif wire_type == 1:
+      i += 8
+    elif wire_type == 5:
+      i += 4
+    elif wire_type == 2:
+      size, i = varint(i)
+      if key >> 3 == number:
+        values.append(message[i:i + size])
+      i += size
+    else:
+      raise ValueError(f"unexpected wire type {wire_type}")
+  return values
+
+
+def list_workers(target: str, timeout: float = 5.0) -> List[str]:
+  """Returns the addresses of the workers the dispatcher at
+  `[grpc://]host:port` knows (`GetWorkers`, as `DispatchServer` asks).
+
+  Raises:
+    NoDispatcher: Where no dispatcher answers.
+  """
+  import grpc  # pylint: disable=g-import-not-at-top  As in ask_dispatcher.
+  with grpc.insecure_channel(host_port(target)) as channel:
+    try:
+      reply = channel.unary_unary(_GET_WORKERS)(b"", timeout=timeout)
+    except grpc.RpcError as e:
+      raise NoDispatcher(e.details().rsplit(": ", 1)[-1], False) from None
+  return sorted(info[0].decode() for info in (
+      _length_delimited(worker, 1) for worker in _length_delimited(reply, 1))
+                if info)
+
+
+class StallWatch:
+  """Warns when training stops advancing while it reads from the service,
+  and ends the wait after `runtime.data_service_timeout`.
 
   The service's client waits for batches as long as it takes: with no
   worker alive (none started yet, or all stopped) or the dispatcher down, a
   run would stay silent at its last line (measured). This context runs a
-  thread that prints one warning per stall: `seconds` inside training loops
+  thread that prints one warning per stall, `seconds` inside training loops
   without a new step (twice as long before the first, which includes
-  tracing); evaluations and saves between loops do not count. Training
-  goes on waiting, for a worker may come; SIGTERM still stops it.
+  tracing; evaluations and saves between loops do not count), and calls
+  `on_timeout` once a stall has lasted the timeout (doubled the same way).
+  It asks the dispatcher for its workers every `workers_seconds` while a
+  loop runs, so that the end can name the ones it last saw.
   """
 
-  def __init__(self, runtime, progress_fn: Callable[[], int],
+  def __init__(self, runtime, progress_fn: Callable[[], Optional[int]],
+               on_timeout: Optional[Callable[[int, float, str], bool]] = None,
                seconds: float = 60.0, poll_seconds: float = 1.0,
-               clock: Callable[[], float] = time.monotonic):
-    """Creates the warning.
+               workers_seconds: float = 10.0,
+               clock: Callable[[], float] = time.monotonic,
+               workers_fn: Callable[[str], List[str]] = list_workers):
+    """Creates the watch.
 
     Args:
-      runtime: The `RuntimeConfig` naming the service.
+      runtime: The `RuntimeConfig` naming the service and the timeout.
       progress_fn: Returns the step reached, read from the global step as
         it moves inside a loop, or None outside training loops.
+      on_timeout: Called as `on_timeout(step, waited_seconds, why)` from
+        the thread, `why` naming the dispatcher and its workers; it returns
+        whether the run ends (False: training moved meanwhile). None: only
+        warn.
       seconds: How long without a new step makes a stall.
       poll_seconds: How often the thread looks.
+      workers_seconds: How often it asks the dispatcher for its workers.
       clock: Seconds, injectable for tests.
+      workers_fn: Lists a dispatcher's workers (`list_workers`).
     """
     self._address = address(runtime)
+    self._timeout = runtime.data_service_timeout if on_timeout else None
+    self._on_timeout = on_timeout
     self._progress_fn = progress_fn
     self._seconds = seconds
     self._poll_seconds = poll_seconds
+    self._workers_seconds = workers_seconds
     self._clock = clock
+    self._workers_fn = workers_fn
+    self._workers: Optional[List[str]] = None  # Last seen, and when.
+    self._workers_at = self._asked_at = -float("inf")
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._watch, daemon=True,
-                                    name="data_service_stall_warning")
+                                    name="data_service_stall_watch")
 
-  def __enter__(self) -> "StallWarning":
+  def __enter__(self) -> "StallWatch":
     self._thread.start()
     return self
 
@@ -259,23 +337,72 @@ class StallWarning:
     self._thread.join()
 
   def _watch(self) -> None:
-    step, since, limit, warned = self._progress_fn(), self._clock(), (
-        2 * self._seconds), False
+    step, since, first, warned = self._progress_fn(), self._clock(), True, (
+        False)
     while not self._stop.wait(self._poll_seconds):
       progress = self._progress_fn()
       if progress is None:  # Between loops: the input is not waited for.
         since = self._clock()
-      elif progress != step:
+        continue
+      self._ask_for_workers()
+      if progress != step:
         # The first step seen starts the first loop: its patience stays
         # doubled until a step is trained.
-        limit = limit if step is None else self._seconds
+        first = step is None
         step, since, warned = progress, self._clock(), False
-      elif not warned and self._clock() - since > limit:
+        continue
+      waited = self._clock() - since
+      factor = 2 if first else 1
+      if not warned and waited > factor * self._seconds:
         warned = True
         console.warning(
-            f"training has not advanced from step {step} for "
-            f"{self._clock() - since:.0f} s; it reads its batches from the "
-            f"tf.data service at {self._address}, which waits while the "
-            "dispatcher is down or no worker is alive: start one with "
-            "python scripts/data_service.py --port=PORT --dispatcher="
+            f"training has not advanced from step {step} for {waited:.0f} "
+            f"s; it reads its batches from the tf.data service at "
+            f"{self._address}, which waits while the dispatcher is down or "
+            "no worker is alive: start one with python "
+            "scripts/data_service.py --port=PORT --dispatcher="
             f"{host_port(self._address)}")
+      if self._timeout is not None and waited > factor * self._timeout:
+        if self._on_timeout(step, waited, self._why()):
+          return
+        since = self._clock()  # Its input came back meanwhile.
+
+  def _ask_for_workers(self) -> None:
+    """Asks the dispatcher for its workers, every `workers_seconds`."""
+    if self._clock() - self._asked_at < self._workers_seconds:
+      return
+    self._asked_at = self._clock()
+    try:
+      workers = self._workers_fn(self._address)
+    except NoDispatcher:
+      return
+    if workers:
+      self._workers, self._workers_at = workers, self._clock()
+
+  def _why(self) -> str:
+    """Says what the dispatcher answers now, and the workers last seen."""
+    try:
+      workers = self._workers_fn(self._address)
+    except NoDispatcher as e:
+      return (f"the dispatcher at {self._address} does not answer "
+              f"({e.reason}); {self._last_seen()}")
+    if workers:
+      return (f"the dispatcher at {self._address} has worker(s) "
+              f"{', '.join(workers)}, which send none")
+    return (f"the dispatcher at {self._address} has no worker; "
+            f"{self._last_seen()}")
+
+  def _last_seen(self) -> str:
+    if not self._workers:
+      return "no worker seen during this run"
+    ago = self._clock() - self._workers_at
+    return f"worker(s) last seen {ago:.0f} s ago: {', '.join(self._workers)}"
+
+
+def timeout_line(runtime, step: int, waited: float, why: str,
+                 saved: str) -> str:
+  """The line a run ends with when no batch came in time."""
+  return (f"no batch from the tf.data service for {waited:.0f} s at step "
+          f"{step} (`runtime.data_service_timeout`): {why}; {saved}; start "
+          "workers (python scripts/data_service.py --port=PORT --dispatcher="
+          f"{host_port(address(runtime))}) and run the same command again")

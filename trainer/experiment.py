@@ -114,21 +114,31 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
         own_train_step=task_lib.overrides(task, "train_step")))
     if controller.step:
       _resume_input(parts, controller.step)
-    with _stall_warning(parts):
+    with _stall_watch(parts, controller):
       return _run_mode(parts, controller, mode, model_dir, write_dir,
                        early_stopping, started)
 
 
-def _stall_warning(parts: "_Parts"):
-  """Returns the tf.data service's stall warning where training reads from
+def _stall_watch(parts: "_Parts", controller: controller_lib.Controller):
+  """Returns the tf.data service's stall watch where training reads from
   it, else a context that does nothing."""
   if not (parts.training and parts.runtime.data_service):
     return contextlib.nullcontext()
+
+  def on_timeout(step: int, waited: float, why: str) -> bool:
+    saved = controller.save_while_waiting()
+    if saved is None:  # A batch came during the save.
+      return False
+    preemption.end_process(data_service.timeout_line(
+        parts.runtime, step, waited, why, saved))
+    return True
+
   # The variable, not `controller.step`: that moves only between loops, and
   # a loop of slow steps is no stall.
-  return data_service.StallWarning(
+  return data_service.StallWatch(
       parts.runtime,
-      lambda: parts.state.step() if parts.trainer.in_loop else None)
+      lambda: parts.state.step() if parts.trainer.in_loop else None,
+      on_timeout)
 
 
 def _resume_input(parts: "_Parts", step: int) -> None:

@@ -93,6 +93,21 @@ def start_receiver(exit_fn: Callable[[str, int], None]) -> "Receiver":
   return _receiver
 
 
+def end_process(line: str, exit_code: int = 1) -> bool:
+  """Ends the process with `line`, as a signal outside training does, from
+  any thread (a loop blocked inside TensorFlow cannot be stopped otherwise).
+
+  Returns:
+    False without a receiver (the library run in-process): then `line` is
+    only warned about.
+  """
+  if _receiver is None:
+    console.warning(line)
+    return False
+  _receiver.exit(line, exit_code)
+  return True
+
+
 def _name(signum: int) -> str:
   return signal.Signals(signum).name
 
@@ -245,6 +260,10 @@ class Receiver:
     self._deadline: Optional[float] = None
     self._pending_requeue = False  # SIGUSR1 before the watcher came.
     self.watcher: Optional[PreemptionWatcher] = None
+
+  def exit(self, line: str, exit_code: int) -> None:
+    """Ends the process with `line` and `exit_code`."""
+    self._exit_fn(line, exit_code)
 
   def attach(self, watcher: PreemptionWatcher) -> None:
     """Makes `watcher` the one signals are recorded in, passing on a

@@ -109,6 +109,10 @@ class RuntimeConfig:
     data_service_job_name: Trainers naming the same job share one stream
       of batches (each batch goes to one of them); None gives each trainer
       its own.
+    data_service_timeout: Seconds training waits for a batch from the
+      service (twice as long before the first step) before it saves the
+      step it reached and exits 1, naming the dispatcher and the workers it
+      last saw; None waits as long as it takes.
   """
   distribution_strategy: str = "default"
   mixed_precision_dtype: str = "float32"
@@ -138,6 +142,7 @@ class RuntimeConfig:
   data_service: Optional[str] = None
   data_service_mode: str = "distributed_epoch"
   data_service_job_name: Optional[str] = None
+  data_service_timeout: Optional[float] = 600.0
 
   def __post_init__(self):
     checks.choice("runtime.distribution_strategy", self.distribution_strategy,
