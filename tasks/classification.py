@@ -18,6 +18,8 @@ import tf_keras
 import trainer
 from tasks import tfds_inputs
 from tasks import tfrecord_inputs
+from trainer import data_loss
+from trainer import errors
 from trainer import inputs
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -158,7 +160,10 @@ class DatasetClassificationTask(ClassificationTask):
            else 1, input_context.input_pipeline_id if input_context else 0)
     if key not in self._in_memory:
       dataset = self.read(training, input_context)
-      batches = list(dataset.batch(4096).prefetch(2).as_numpy_iterator())
+      try:
+        batches = list(dataset.batch(4096).prefetch(2).as_numpy_iterator())
+      except tf.errors.DataLossError as e:
+        raise errors.RunError(data_loss.describe(e, dataset)) from e
       if batches:
         self._in_memory[key] = tuple(
             np.concatenate(parts) for parts in zip(*batches))

@@ -15,6 +15,7 @@ import orbit
 import tensorflow as tf
 import tf_keras
 
+from trainer import data_loss
 from trainer import errors
 from trainer import inputs as inputs_lib
 from trainer import named
@@ -75,6 +76,7 @@ class TaskEvaluator(orbit.StandardEvaluator):
 
     Raises:
       errors.ConfigError: If the eval set ended before `num_steps` batches.
+      errors.RunError: If an input file is damaged, naming it.
     """
     self._requested_steps = int(num_steps)
     with self._weights():
@@ -85,6 +87,9 @@ class TaskEvaluator(orbit.StandardEvaluator):
         if mistake is None:
           raise
         raise mistake from e
+      except tf.errors.DataLossError as e:
+        raise errors.RunError(data_loss.describe(e, self._input.dataset)
+                              ) from e
 
   def eval_begin(self):
     self._steps_run = 0

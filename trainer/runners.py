@@ -18,6 +18,7 @@ from tensorflow.python.framework import config as framework_config
 import tf_keras
 
 from trainer import console
+from trainer import data_loss
 from trainer import data_service
 from trainer import errors
 from trainer import gradients
@@ -197,7 +198,7 @@ class TaskTrainer(orbit.StandardTrainer):
         no complete batch at all. (Only here: a save failing for a file-size
         limit raises `OutOfRangeError` too, and is no input problem.)
       errors.RunError: If the tf.data service lost this run's job and a new
-        one yields nothing.
+        one yields nothing, or an input file is damaged (naming it).
     """
     self.in_loop = True
     try:
@@ -216,6 +217,8 @@ class TaskTrainer(orbit.StandardTrainer):
       if mistake is None:
         raise
       raise mistake from e
+    except tf.errors.DataLossError as e:
+      raise errors.RunError(data_loss.describe(e, self._input.dataset)) from e
     finally:
       self.in_loop = False
 

@@ -1,0 +1,105 @@
+"""A damaged TFRecord file named: in the pipeline's error, and in the one
+line `train.py` ends with (a real process reading MNIST-shaped shards)."""
+
+import os
+
+import pytest
+import tensorflow as tf
+
+import helpers
+from trainer import data_loss
+
+from test_tfrecord_inputs import _write
+
+
+def _truncate(path, keep):
+  with open(path, "r+b") as f:
+    f.truncate(keep)
+
+
+def _shards(directory, sizes):
+  """Writes shards of `sizes` records of 100 bytes; returns their paths."""
+  os.makedirs(directory, exist_ok=True)
+  paths = []
+  for shard, size in enumerate(sizes):
+    paths.append(os.path.join(directory, f"part-{shard}.tfrecord"))
+    with tf.io.TFRecordWriter(paths[-1]) as writer:
+      for _ in range(size):
+        writer.write(b"x" * 100)
+  return paths
+
+
+def _error(dataset):
+  with pytest.raises(tf.errors.DataLossError) as raised:
+    for _ in dataset:
+      pass
+  return raised.value
+
+
+@pytest.mark.parametrize("listed", ["from_tensor_slices", "list_files"])
+def test_the_truncated_shard_is_named_with_its_offset(tmp_path, listed):
+  paths = _shards(str(tmp_path), [50, 30, 50])
+  # Each record is 12 + 100 + 4 bytes: record 20 of part-1 is cut.
+  _truncate(paths[1], 20 * 116 + 50)
+  files = (tf.data.Dataset.from_tensor_slices(paths)
+           if listed == "from_tensor_slices" else
+           tf.data.Dataset.list_files(str(tmp_path / "*.tfrecord"),
+                                      shuffle=False))
+  dataset = files.interleave(tf.data.TFRecordDataset, cycle_length=2,
+                             num_parallel_calls=2).batch(8).prefetch(2)
+  assert data_loss.files_read(dataset) == paths
+  line = data_loss.describe(_error(dataset), dataset)
+  assert line == (
+      f"the input data is damaged: {paths[1]} holds a truncated record at "
+      "byte 2320 (truncated record at 2320' failed with Read less bytes "
+      "than requested); replace or remove that file and run the same "
+      "command again to resume from the newest checkpoint")
+
+
+def test_a_corrupted_record_names_the_shards_it_may_be_in(tmp_path):
+  paths = _shards(str(tmp_path), [10, 10])
+  with open(paths[0], "r+b") as f:  # A byte of record 3's data flipped.
+    f.seek(3 * 116 + 12 + 7)
+    f.write(b"y")
+  dataset = tf.data.Dataset.from_tensor_slices(paths).interleave(
+      tf.data.TFRecordDataset)
+  line = data_loss.describe(_error(dataset), dataset)
+  # TensorFlow gives the offset of the record's data (its start + 12); every
+  # shard has a record there: both are named.
+  assert line.startswith(
+      f"the input data is damaged: one of {paths[0]}, {paths[1]} holds a "
+      "corrupted record at byte 360 (corrupted record at 360"), line
+  assert "\n" not in line
+
+
+def test_train_py_names_the_damaged_shard_and_keeps_its_checkpoints(
+    tmp_path):
+  pattern = _write(str(tmp_path / "data"), 4, 64)
+  damaged = pattern.replace("*", "02")
+  _truncate(damaged, os.path.getsize(damaged) - 100)
+  (tmp_path / "records.gin").write_text(
+      "import tasks.mnist\n"
+      "import tasks.tfrecord_inputs\n"
+      "experiment.task = @MnistClassification()\n"
+      "MnistClassification.tfrecords = @TFRecordSource()\n"
+      f"TFRecordSource.train_files = '{pattern}'\n"
+      f"TFRecordSource.eval_files = '{pattern}'\n"
+      "TFRecordSource.schema = {'image/encoded': 'string', "
+      "'image/class/label': 'int64'}\n"
+      "TFRecordSource.label_offset = -1\n"
+      "trainer.global_batch_size = 16\n"
+      "trainer.train_steps = 100\n"
+      "trainer.steps_per_loop = 4\n"
+      "trainer.summary_interval = 4\n"
+      "trainer.checkpoint_interval = 4\n")
+  run = helpers.run_cli(["--gin_file=records.gin", "--model_dir=run",
+                         "--mode=train"], cwd=str(tmp_path), timeout=300)
+  assert run.returncode == 1, run.stderr[-3000:]
+  last = run.stderr.strip().splitlines()[-1]
+  assert last.startswith(
+      f"train.py: error: the input data is damaged: {damaged} holds a "
+      "truncated record at byte "), last
+  assert last.endswith("; replace or remove that file and run the same "
+                       "command again to resume from the newest checkpoint")
+  # The split is read into memory before training: nothing was trained.
+  assert tf.train.latest_checkpoint(str(tmp_path / "run")) is None
