@@ -96,6 +96,15 @@ def checkpoint_step(model_dir: str) -> int:
   return int(reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE"))
 
 
+def latest_step(model_dir: str) -> int:
+  """The newest checkpoint's number in `model_dir`'s state file; -1 if
+  none (read while a run may be saving)."""
+  state = tf.train.get_checkpoint_state(model_dir)
+  if state is None:
+    return -1
+  return int(state.model_checkpoint_path.rsplit("-", 1)[1])
+
+
 def max_weight_difference(a: Dict[str, np.ndarray],
                           b: Dict[str, np.ndarray]) -> float:
   assert sorted(a) == sorted(b)

@@ -5,8 +5,10 @@ at the end."""
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -151,3 +153,87 @@ def test_each_role_runs_its_own_mode(monkeypatch):
   with pytest.raises(errors.ConfigError, match="'rollback'` is not supported"):
     parameter_server.role_runtime(
         runtime, "train", trainer.TrainerConfig(on_nonfinite="rollback"))
+
+
+class _Job:
+  """A parameter-server job's processes (`python train.py`, each with its
+  TF_CONFIG task) run from `directory`, their output in files there."""
+
+  def __init__(self, directory, gin_files, num_ps):
+    ports = [f"127.0.0.1:{port}" for port in helpers.free_ports(2 + num_ps)]
+    self.cluster = {"chief": ports[:1], "worker": ports[1:2],
+                    "ps": ports[2:]}
+    self.directory = directory
+    self.gin_files = gin_files
+    self.processes = []
+
+  def launch(self, task_type, index, train_steps):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CONFIG=json.dumps(
+        {"cluster": self.cluster, "task": {"type": task_type,
+                                           "index": index}}))
+    out = self.directory / f"{task_type}{index}-{len(self.processes)}.log"
+    process = subprocess.Popen(
+        [sys.executable, helpers.TRAIN_PY, "--model_dir=run", "--mode=train",
+         *[f"--gin_file={name}" for name in self.gin_files],
+         f"--gin_param=trainer.train_steps={train_steps}",
+         "--gin_param=trainer.checkpoint_interval=100",
+         "--gin_param=trainer.validation_interval=0"],
+        cwd=str(self.directory), env=env, stdout=out.open("w"),
+        stderr=subprocess.STDOUT)
+    process.out = out
+    self.processes.append(process)
+    return process
+
+  def servers(self):
+    return [self.launch("ps", index, 100000)
+            for index in range(len(self.cluster["ps"]))] + [
+                self.launch("worker", 0, 100000)]
+
+  def close(self):
+    for process in self.processes:
+      process.kill()
+      process.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gin_files, num_ps", [
+    (["gin/digits.gin", "gin/runtime/parameter_server.gin"], 1),
+    (["gin/recommendation.gin", "gin/runtime/parameter_server_sharded.gin"],
+     2)], ids=["digits", "sharded"])
+def test_a_lost_ps_is_named_and_the_chief_resumes_after_its_restart(
+    tmp_path, gin_files, num_ps):
+  job = _Job(tmp_path, gin_files, num_ps)
+  try:
+    servers = job.servers()
+    chief = job.launch("chief", 0, 100000)
+    deadline = time.time() + TIMEOUT
+    while helpers.latest_step(str(tmp_path / "run")) < 200:
+      assert time.time() < deadline and chief.poll() is None, (
+          chief.out.read_text()[-3000:])
+      time.sleep(0.5)
+    servers[0].kill()  # ps 0.
+    assert chief.wait(timeout=60) == 1, chief.out.read_text()[-3000:]
+    lines = chief.out.read_text().strip().splitlines()
+    last = lines[-1]
+    # The coordinator's reports of the failed steps, a line each, once.
+    reports = [line for line in lines if line.startswith("ERROR:tensorflow")]
+    assert len(reports) == len(set(reports)) <= 5, lines[-60:]
+    # gRPC's reason, where it gives one: Connection refused, mostly.
+    assert re.fullmatch(
+        rf"train\.py: error: ps 0 at {job.cluster['ps'][0]} is unreachable"
+        r"( \([^()]+\))?: the variables it held are lost; the checkpoints "
+        r"saved before stay: restart it, then run the chief's command again "
+        r"to resume from the newest", last), last
+    newest = helpers.checkpoint_step(str(tmp_path / "run"))
+    assert newest >= 200
+
+    # The launcher restarts the job: every task, with the same command.
+    job.close()
+    job.servers()
+    chief = job.launch("chief", 0, newest + 100)
+    assert chief.wait(timeout=TIMEOUT) == 0, chief.out.read_text()[-3000:]
+  finally:
+    job.close()
+  out = chief.out.read_text()
+  assert f"restored checkpoint run/ckpt-{newest} at step {newest}" in out
+  assert helpers.checkpoint_step(str(tmp_path / "run")) == newest + 100

@@ -19,6 +19,7 @@ shards (tests/test_sharded_variables.py).
 
 import inspect
 import math
+import re
 from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
@@ -30,6 +31,7 @@ from trainer import console
 from trainer import errors
 from trainer import placement
 from trainer import runners
+from trainer import tf_logs
 
 # `runtime.variable_partitioner` -> TensorFlow's partitioner class.
 PARTITIONERS = {
@@ -181,6 +183,37 @@ def role_runtime(runtime: "trainer.runtime.RuntimeConfig", mode: str,
   return runtime, mode
 
 
+_PS_TASK = re.compile(r"/job:ps/replica:\d+/task:(\d+)")
+# gRPC's reason: "last error: UNKNOWN: ipv4:127.0.0.1:46041: Failed to
+# connect to remote host: Connection refused" (or another socket error).
+_LAST_ERROR = re.compile(r"last error: (?:[A-Z_]+: )?(?:ipv[46]:\S+: )?"
+                         r"(?:Failed to connect to remote host: )?"
+                         r"([^\n\"{}]+)")
+
+
+def lost_ps(error: tf.errors.UnavailableError) -> Optional[errors.RunError]:
+  """Says which parameter server an `UnavailableError` lost, and what to do;
+  None if it names none (a worker's loss the coordinator recovers from).
+
+  TensorFlow's message is gRPC's, several hundred characters: `failed to
+  connect to all addresses; ... remote target /job:ps/replica:0/task:0/...`
+  (measured, the ps killed mid-run: the chief failed 0.6 s later).
+  """
+  found = _PS_TASK.search(error.message)
+  if found is None:
+    return None
+  index = int(found.group(1))
+  spec = tf.distribute.cluster_resolver.TFConfigClusterResolver(
+  ).cluster_spec()
+  address = spec.task_address("ps", index)
+  reason = _LAST_ERROR.search(error.message)
+  return errors.RunError(
+      f"ps {index} at {address} is unreachable"
+      f"{f' ({reason.group(1).strip()})' if reason else ''}: the variables "
+      "it held are lost; the checkpoints saved before stay: restart it, "
+      "then run the chief's command again to resume from the newest")
+
+
 class ScheduledTaskTrainer(runners.TaskTrainer):
   """A `TaskTrainer` whose steps a `ClusterCoordinator` schedules on the
   parameter-server cluster's workers.
@@ -195,6 +228,7 @@ class ScheduledTaskTrainer(runners.TaskTrainer):
                **options):
     """Builds the coordinator and the trainer; see `TaskTrainer`."""
     self._coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    tf_logs.condense_coordinator_logs()
     self._num_workers = cluster.num_tasks("worker")
     console.info(f"cluster | coordinator schedules steps on "
                  f"{self._num_workers} worker(s); variables on "
@@ -205,6 +239,20 @@ class ScheduledTaskTrainer(runners.TaskTrainer):
                    "data")
     super().__init__(task, model, optimizer, strategy, train_input,
                      global_step, **options)
+
+  def train(self, num_steps: tf.Tensor):
+    """Runs `num_steps` steps on the workers; see `TaskTrainer.train`.
+
+    Raises:
+      errors.RunError: If a parameter server is unreachable, naming it.
+    """
+    try:
+      return super().train(num_steps)
+    except tf.errors.UnavailableError as e:
+      lost = lost_ps(e)
+      if lost is None:
+        raise
+      raise lost from e
 
   def _host_scope(self):
     # Workers only reach variables created in the strategy scope.

@@ -13,7 +13,9 @@ writes back every line but that one, and that one too where a GPU device
 node exists (`/dev/nvidia0`, ...: then it is a real driver problem).
 `keep_python_warnings_single` makes TensorFlow's Python warnings print once,
 not once by TensorFlow's handler and again by absl's, and turns the
-mixed-precision compatibility block (four lines) into one.
+mixed-precision compatibility block (four lines) into one;
+`condense_coordinator_logs` cuts the parameter-server coordinator's reports
+of failed steps to their first line.
 """
 
 import glob
@@ -29,6 +31,7 @@ from trainer import console
 
 _NO_GPU_PROBE = "failed call to cuInit"
 _COMPATIBILITY = "Mixed precision compatibility check"
+_COORDINATOR = "tensorflow/python/distribute/coordinator/"
 
 
 def _has_gpu_device_node() -> bool:
@@ -75,6 +78,39 @@ class _CompatibilityToOneLine(logging.Filter):
     console.warning(why.split(". Only")[0].rstrip(".") +
                     " (compute capability 7.0 or more runs it fast)")
     return False
+
+
+class _CoordinatorToFirstLines(logging.Filter):
+  """Keeps the first line of each of the parameter-server coordinator's
+  reports, once.
+
+  Each report of a failed step carries gRPC's whole error (measured: 45
+  lines for one lost ps before the run's own error line); its first line
+  says who failed how.
+  """
+
+  def __init__(self):
+    super().__init__()
+    self._seen = set()
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if _COORDINATOR not in record.pathname.replace(os.sep, "/"):
+      return True
+    first = record.getMessage().strip().split("\n", 1)[0]
+    first = first.removesuffix("Graph execution error:").rstrip(" :")
+    if first in self._seen:
+      return False
+    self._seen.add(first)
+    record.msg, record.args = first, ()
+    return True
+
+
+def condense_coordinator_logs() -> None:
+  """Cuts the parameter-server coordinator's reports to their first line,
+  each once (`_CoordinatorToFirstLines`)."""
+  logger = tf.get_logger()
+  if not any(isinstance(f, _CoordinatorToFirstLines) for f in logger.filters):
+    logger.addFilter(_CoordinatorToFirstLines())
 
 
 def keep_python_warnings_single() -> None:
