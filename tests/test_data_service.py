@@ -2,6 +2,7 @@
 dispatcher and 2 worker processes on 127.0.0.1 produce digits' training
 batches; a worker killed mid-run, a resumed run and the refusals."""
 
+import random
 import re
 import signal
 import socket
@@ -465,3 +466,37 @@ def test_a_new_worker_lets_a_waiting_run_go_on(tmp_path):
   assert returncode == 0, run.stderr[-3000:]
   assert helpers.checkpoint_step(str(tmp_path / "run")) == 600
 
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_sigkill_at_a_random_moment_then_restart_resumes(tmp_path, service,
+                                                          seed):
+  # The random-kill campaign of test_resume.py on the service's path: its
+  # batches come in no reproducible order, so the resumed run is checked
+  # for its step and its accuracy, not bit for bit.
+  address, _ = service
+  args = ["--gin_file=gin/digits.gin", "--model_dir=run",
+          f"--gin_param=runtime.data_service=\"{address}\"",
+          "--gin_param=trainer.validation_interval=100000",
+          "--gin_param=trainer.steps_per_loop=10",
+          "--gin_param=trainer.summary_interval=10",
+          "--gin_param=trainer.checkpoint_interval=20"]
+  killed = helpers.TrainProcess(
+      args + ["--gin_param=trainer.train_steps=100000"], cwd=str(tmp_path))
+  try:
+    killed.wait_for(r"^saved checkpoint run/ckpt-20$", timeout=TIMEOUT)
+    time.sleep(random.Random(seed).uniform(0.0, 3.0))
+    killed.process.kill()
+  finally:
+    killed.close()
+  saved = helpers.checkpoint_step(str(tmp_path / "run"))
+  assert saved >= 20
+  resumed = helpers.run_cli(
+      args + [f"--gin_param=trainer.train_steps={saved + 400}"],
+      cwd=str(tmp_path), timeout=TIMEOUT)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert (f"restored checkpoint run/ckpt-{saved} at step {saved}" in
+          resumed.stdout)
+  assert helpers.checkpoint_step(str(tmp_path / "run")) == saved + 400
+  assert _accuracy(resumed.stdout) >= 0.95
