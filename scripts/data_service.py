@@ -51,6 +51,7 @@ import trainer  # noqa: E402  Selects Keras 2 before TensorFlow loads.
 from absl import flags
 import tensorflow as tf
 from trainer import data_service
+from trainer import tf_logs
 from trainer import usage
 # Registers tensorflow-text's ops, which text pipelines (ImdbSentiment)
 # run on the workers.
@@ -150,6 +151,8 @@ def main(argv) -> int:
     print(f"{PROGRAM}: error: unexpected arguments: {' '.join(argv[1:])}",
           file=sys.stderr, flush=True)
     return 2
+  # A worker whose dispatcher is down says so once a second otherwise.
+  tf_logs.apply_min_log_level_to_absl()
   stop = threading.Event()
   for signum in (signal.SIGTERM, signal.SIGINT):
     signal.signal(signum, lambda *_: stop.set())

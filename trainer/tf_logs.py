@@ -15,9 +15,12 @@ node exists (`/dev/nvidia0`, ...: then it is a real driver problem).
 not once by TensorFlow's handler and again by absl's, and turns the
 mixed-precision compatibility block (four lines) into one;
 `condense_coordinator_logs` cuts the parameter-server coordinator's reports
-of failed steps to their first line.
+of failed steps to their first line; `apply_min_log_level_to_absl` makes
+`TF_CPP_MIN_LOG_LEVEL` (2 unless the user sets it) apply to the C++ lines
+TensorFlow logs through abseil too.
 """
 
+import ctypes
 import glob
 import logging
 import os
@@ -111,6 +114,36 @@ def condense_coordinator_logs() -> None:
   logger = tf.get_logger()
   if not any(isinstance(f, _CoordinatorToFirstLines) for f in logger.filters):
     logger.addFilter(_CoordinatorToFirstLines())
+
+
+# `absl::SetMinLogLevel(absl::LogSeverityAtLeast)` of the abseil release
+# TensorFlow 2.20 is built with (tests check it is there).
+_ABSL_SET_MIN_LOG_LEVEL = (
+    "_ZN4absl12lts_2025012714SetMinLogLevelENS0_18LogSeverityAtLeastE")
+
+
+def apply_min_log_level_to_absl() -> bool:
+  """Gives TensorFlow's abseil logs the level `TF_CPP_MIN_LOG_LEVEL` sets.
+
+  Some of TensorFlow's C++ code logs through abseil (lines such as
+  `W0000 00:00:... data_service_client.cc:478] Failed to heartbeat to
+  dispatcher ...`, once a second while a tf.data service dispatcher is
+  down, measured), which `TF_CPP_MIN_LOG_LEVEL` does not reach and Python
+  cannot configure; its `SetMinLogLevel` is exported by
+  `libtensorflow_framework`. Levels are the same numbers (0 INFO to 3
+  FATAL). Returns False where the function is not found.
+  """
+  level = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0")
+  if not level.isdigit():
+    return False
+  library = os.path.join(os.path.dirname(tf.__file__),
+                         "libtensorflow_framework.so.2")
+  try:
+    function = getattr(ctypes.CDLL(library), _ABSL_SET_MIN_LOG_LEVEL)
+  except (OSError, AttributeError):
+    return False
+  function(ctypes.c_int(min(int(level), 3)))
+  return True
 
 
 def keep_python_warnings_single() -> None:
