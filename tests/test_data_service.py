@@ -449,13 +449,16 @@ def test_no_batch_within_the_timeout_saves_the_step_and_exits_1(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_new_worker_lets_a_waiting_run_go_on(tmp_path):
+@pytest.mark.parametrize("address", ["same", "new"])
+def test_a_new_worker_lets_a_waiting_run_go_on(tmp_path, address):
   run, servers, ports = _lone_worker_run(
       tmp_path, "--gin_param=trainer.train_steps=600")
+  port = ports[1] if address == "same" else ports[2]
   try:
     servers[1].process.kill()
+    servers[1].process.wait()
     time.sleep(10)  # The run waits.
-    servers.append(_Server(f"--port={ports[2]}",
+    servers.append(_Server(f"--port={port}",
                            f"--dispatcher=127.0.0.1:{ports[0]}",
                            "--host=127.0.0.1"))
     returncode = run.finish(timeout=TIMEOUT)
