@@ -157,6 +157,9 @@ def test_only_a_dispatcher_answers_as_one():
       dispatcher_address=f"localhost:{dispatcher_port}", port=worker_port))
   with socket.create_server(("127.0.0.1", 0)) as listener:
     data_service.ask_dispatcher(f"grpc://localhost:{dispatcher_port}", 5)
+    # Its workers, as the stall watch reads them.
+    assert data_service.list_workers(
+        f"grpc://localhost:{dispatcher_port}") == [f"localhost:{worker_port}"]
     answers = {}
     for name, port, timeout in [("worker", worker_port, 5),
                                 ("listener", listener.getsockname()[1], 1),

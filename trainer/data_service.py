@@ -170,14 +170,9 @@ class NoDispatcher(OSError):
 _GET_VERSION = "/tensorflow.data.DispatcherService/GetVersion"
 
 
-def ask_dispatcher(target: str, timeout: float) -> None:
-  """Asks `[grpc://]host:port` for its version, as the service's clients do.
-
-  A TCP connection proves too little: TensorFlow's worker waited silently
-  at an address where another server listens (measured: over 10 minutes,
-  its constructor holding the GIL, deaf to SIGTERM), and its client would
-  be handed the same address. A dispatcher answers this call at once, another gRPC
-  server with UNIMPLEMENTED, a server of another protocol not at all.
+def _call(target: str, method: str, timeout: float) -> bytes:
+  """Calls a dispatcher's `method` with an empty request at
+  `[grpc://]host:port`; returns the serialised reply.
 
   Raises:
     NoDispatcher: Saying why, and whether nothing listens there.
@@ -185,7 +180,7 @@ def ask_dispatcher(target: str, timeout: float) -> None:
   import grpc  # pylint: disable=g-import-not-at-top  TensorFlow's own dependency; needed here only.
   with grpc.insecure_channel(host_port(target)) as channel:
     try:
-      channel.unary_unary(_GET_VERSION)(b"", timeout=timeout)
+      return channel.unary_unary(method)(b"", timeout=timeout)
     except grpc.RpcError as e:
       code = e.code()
       if code == grpc.StatusCode.UNAVAILABLE:  # "...: Connection refused"
@@ -198,6 +193,22 @@ def ask_dispatcher(target: str, timeout: float) -> None:
         raise NoDispatcher(f"something listens there but gives no gRPC "
                            f"answer in {timeout:g} s", False) from None
       raise NoDispatcher(f"{code.name}: {e.details()}", False) from None
+
+
+def ask_dispatcher(target: str, timeout: float) -> None:
+  """Asks `[grpc://]host:port` for its version, as the service's clients do.
+
+  A TCP connection proves too little: TensorFlow's worker waited silently
+  at an address where another server listens (measured: over 10 minutes,
+  its constructor holding the GIL, deaf to SIGTERM), and its client would
+  be handed the same address. A dispatcher answers this call at once,
+  another gRPC server with UNIMPLEMENTED, a server of another protocol not
+  at all.
+
+  Raises:
+    NoDispatcher: Saying why, and whether nothing listens there.
+  """
+  _call(target, _GET_VERSION, timeout)
 
 
 def check_reachable(runtime, timeout: float = 10.0) -> None:
@@ -265,12 +276,7 @@ def list_workers(target: str, timeout: float = 5.0) -> List[str]:
   Raises:
     NoDispatcher: Where no dispatcher answers.
   """
-  import grpc  # pylint: disable=g-import-not-at-top  As in ask_dispatcher.
-  with grpc.insecure_channel(host_port(target)) as channel:
-    try:
-      reply = channel.unary_unary(_GET_WORKERS)(b"", timeout=timeout)
-    except grpc.RpcError as e:
-      raise NoDispatcher(e.details().rsplit(": ", 1)[-1], False) from None
+  reply = _call(target, _GET_WORKERS, timeout)
   return sorted(info[0].decode() for info in (
       _length_delimited(worker, 1) for worker in _length_delimited(reply, 1))
                 if info)
