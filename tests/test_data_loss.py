@@ -1,10 +1,15 @@
-"""A damaged TFRecord file named: in the pipeline's error, and in the one
-line `train.py` ends with (a real process reading MNIST-shaped shards)."""
+"""A damaged TFRecord file named: in the pipeline's error (shards listed
+by hand, by `list_files`, and a tfds dataset prepared on disk), and in the
+one line `train.py` ends with (a real process reading MNIST-shaped
+shards)."""
 
+import glob
 import os
 
+import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_datasets as tfds
 
 import helpers
 from trainer import data_loss
@@ -70,6 +75,35 @@ def test_a_corrupted_record_names_the_shards_it_may_be_in(tmp_path):
       f"the input data is damaged: one of {paths[0]}, {paths[1]} holds a "
       "corrupted record at byte 360 (corrupted record at 360"), line
   assert "\n" not in line
+
+
+class TinyRecords(tfds.core.GeneratorBasedBuilder):  # pylint: disable=abstract-method
+  """A tfds dataset prepared on disk here (nothing downloaded)."""
+  VERSION = tfds.core.Version("1.0.0")
+
+  def _info(self):
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.
+                                 FeaturesDict({"x": tfds.features.Tensor(
+                                     shape=(64,), dtype=np.float32)}))
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {"train": self._generate_examples()}
+
+  def _generate_examples(self):
+    for i in range(1000):
+      yield i, {"x": np.full((64,), i, np.float32)}
+
+
+def test_a_damaged_tfds_shard_is_named(tmp_path):
+  TinyRecords(data_dir=str(tmp_path)).download_and_prepare()
+  shard, = glob.glob(str(tmp_path / "tiny_records" / "1.0.0" /
+                         "*.tfrecord-*"))
+  _truncate(shard, os.path.getsize(shard) - 50)
+  dataset = tfds.load("tiny_records", split="train", data_dir=str(tmp_path))
+  line = data_loss.describe(_error(dataset), dataset)
+  assert line.startswith(f"the input data is damaged: {shard} holds a "
+                         "truncated record at byte "), line
 
 
 def test_train_py_names_the_damaged_shard_and_keeps_its_checkpoints(
