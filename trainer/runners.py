@@ -242,10 +242,11 @@ class TaskTrainer(orbit.StandardTrainer):
     while True:
       start = int(self.global_step.numpy())
       try:
-        return super().train(tf.constant(remaining, tf.int32))
+        return super().train(num_steps)
       except tf.errors.NotFoundError as e:
         trained = int(self.global_step.numpy()) - start
         remaining -= trained
+        num_steps = tf.constant(remaining, tf.int32)
         if trained:
           failures = 0
         if not failures:
@@ -255,9 +256,7 @@ class TaskTrainer(orbit.StandardTrainer):
           raise data_service.lost_job(e, data_service.NEW_JOBS) from e
         # A new pipeline: the old one names a dataset id the restarted
         # dispatcher does not know ("Dataset id 1000 not found", measured).
-        with tf.device("/cpu:0"):
-          self.train_iterator = iter(self._input.build())
-        self.train_dataset = self.train_iterator
+        self._read_from(self._input.build())
 
   def _check_every_optimizer_stepped(self) -> None:
     """After the first loop of a Task with several models: each optimizer
@@ -321,10 +320,15 @@ class TaskTrainer(orbit.StandardTrainer):
     # A new dataset, not `self._input.dataset`: iterating a dataset again
     # advances the seed of `shuffle(reshuffle_each_iteration=True)`, which
     # would give another order than the saved run's (measured).
-    with tf.device("/cpu:0"):
-      self.train_iterator = iter(self._input.build().skip(num_batches))
-    self.train_dataset = self.train_iterator
+    self._read_from(self._input.build().skip(num_batches))
     return num_batches
+
+  def _read_from(self, dataset: tf.data.Dataset) -> None:
+    """Makes training read `dataset` from here on (Orbit iterates
+    `train_dataset` anew when it is set)."""
+    with tf.device("/cpu:0"):
+      self.train_iterator = iter(dataset)
+    self.train_dataset = self.train_iterator
 
   def _task_train_step(self, inputs):
     if not named.several(self.optimizer):
