@@ -395,7 +395,11 @@ def test_one_rerun_resumes_after_the_trainer_and_the_dispatcher_died(
   restored = re.search(r"^restored checkpoint run/ckpt-(\d+) at step",
                        rerun.stdout, re.M)
   assert restored and int(restored.group(1)) >= 200, rerun.stdout[-2000:]
-  assert _LOST_JOB.findall(rerun.stdout) in ([], [restored.group(1)])
+  # The new job may meet the lost job's task ids a few steps in (and then
+  # reads one more job): said once at most, past the restored step.
+  lost = _LOST_JOB.findall(rerun.stdout)
+  assert len(lost) <= 1 and all(
+      int(step) >= int(restored.group(1)) for step in lost), rerun.stdout
   assert _accuracy(rerun.stdout) >= 0.95
   assert helpers.checkpoint_step(str(tmp_path / "run")) == 600
 

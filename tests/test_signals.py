@@ -411,3 +411,34 @@ def test_sigusr1_while_training_saves_and_asks_for_a_requeue():
     receiver.handle(signal.SIGTERM)
     assert watcher.agreed(strategy=None)
   assert not watcher.stopped(10, agreed=True).requeue
+
+
+def test_the_requeues_sigterm_after_the_save_keeps_the_tasks_own_line(
+    monkeypatch):
+  # A worker saved for SIGUSR1 and is on its way out when the chief's
+  # requeue sends SIGTERM to every task: its line stays the requeue line.
+  monkeypatch.setenv("SLURM_JOB_ID", "7")
+  receiver, watcher = _receiver(progress=(1000, 1000))
+  watcher.is_chief = False
+  receiver.configure(42, 25.0, training=True)
+  with watcher.armed():
+    receiver.handle(signal.SIGUSR1)
+    assert watcher.agreed(strategy=None)
+  stop = watcher.stopped(1000, agreed=True)
+  with pytest.raises(_Exited) as exited:
+    receiver.handle(signal.SIGTERM)
+  line, code = exited.value.args
+  assert code == 42 and line() == stop.line(
+      "the chief requeues SLURM job 7") == (
+          "preempted at step 1000 by SIGUSR1 (the time limit is near): "
+          "checkpoint saved; the chief requeues SLURM job 7, to resume from "
+          "step 1000 (exit code 42)")
+  # A second Ctrl-C after a save for the first: the same saved line.
+  receiver, watcher = _receiver(progress=(10, 10))
+  receiver.configure(42, 25.0, training=True)
+  with watcher.armed():
+    receiver.handle(signal.SIGINT)
+  stop = watcher.stopped(10)
+  with pytest.raises(_Exited) as exited:
+    receiver.handle(signal.SIGTERM)
+  assert exited.value.args == (str(stop), 42)

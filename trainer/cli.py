@@ -162,10 +162,7 @@ def _one_line_failures():
   except (errors.NonFiniteError, errors.RunError) as e:
     failure = (str(e), RUNTIME_ERROR_EXIT_CODE)
   except errors.Preempted as e:
-    line = str(e)
-    if e.requeue:
-      line = lambda e=e: e.line(slurm.requeue_outcome(e.is_chief))
-    failure = (line, e.exit_code)
+    failure = (preemption.exit_line(e), e.exit_code)
   except Exception as e:  # pylint: disable=broad-except
     # A failed peer (UnavailableError), a lost device, a full disk or a
     # mistake in the task: checkpoints already written stay, and a restart

@@ -42,7 +42,7 @@ import contextlib
 import signal
 import threading
 import time
-from typing import Callable, Iterator, Optional, Tuple
+from typing import Callable, Iterator, Optional, Tuple, Union
 
 import tensorflow as tf
 
@@ -108,6 +108,14 @@ def end_process(line: str, exit_code: int = 1) -> bool:
   return True
 
 
+def exit_line(error: errors.Preempted) -> Union[str, Callable[[], str]]:
+  """The line a process stopped by `error` exits with: a function where the
+  stop asks for a SLURM requeue, which it makes (in the chief) when called."""
+  if error.requeue:
+    return lambda: error.line(slurm.requeue_outcome(error.is_chief))
+  return str(error)
+
+
 def _name(signum: int) -> str:
   return signal.Signals(signum).name
 
@@ -140,6 +148,9 @@ class PreemptionWatcher:
     self._armed = 0
     self._trained = False
     self.progress_fn: Optional[Callable[[], Progress]] = None
+    # Set once a checkpoint is saved for a signal: the process is on its way
+    # out with this error's line.
+    self.stopping: Optional[errors.Preempted] = None
 
   def __enter__(self) -> "PreemptionWatcher":
     if _receiver is not None:
@@ -208,8 +219,9 @@ class PreemptionWatcher:
     """The error to stop with after saving `step`: it asks for a requeue
     where this process (or, `agreed`, any worker) got SIGUSR1."""
     requeue = self._requeue_agreed if agreed else self._requeue
-    return errors.Preempted(step, self.exit_code,
-                            requeue=requeue, is_chief=self.is_chief)
+    self.stopping = errors.Preempted(step, self.exit_code,
+                                     requeue=requeue, is_chief=self.is_chief)
+    return self.stopping
 
   def agreed(self, strategy: tf.distribute.Strategy) -> bool:
     """Whether any worker got a signal; every worker must call it each loop.
@@ -313,6 +325,12 @@ class Receiver:
     if self._first is not None:
       if (signum == self._first and
           self._clock() - self._first_at < DUPLICATE_SECONDS):
+        return
+      stopping = self.watcher.stopping if self.watcher else None
+      if stopping is not None:
+        # Saved already: the SIGTERM a chief's requeue sends every task (or
+        # an impatient second Ctrl-C) ends the process with the same line.
+        self._exit_fn(exit_line(stopping), stopping.exit_code)
         return
       if not self._configured:
         self._exit_now(self._first)
