@@ -121,7 +121,7 @@ def test_a_new_run_of_an_own_train_step_on_replicas_says_how_to_check_it():
         runtime=trainer.RuntimeConfig(distribution_strategy="mirrored"),
         config=trainer.TrainerConfig(global_batch_size=64), num_workers=1,
         restored_path=restored, step=0, training=True, evaluating=False,
-        own_train_step=True)
+        unchecked_train_step=True)
 
   assert lines(2, None)[-1] == (
       "run | Mine.train_step is your own: on 2 replicas its loss must be this "

@@ -3,6 +3,7 @@ docs/writing-a-task.md tells: from its own directory, with a relative
 model_dir, in every mode."""
 
 import os
+import re
 import textwrap
 
 import numpy as np
@@ -320,18 +321,24 @@ def test_an_error_importing_the_users_module_names_its_type_and_line(
   assert not (project / "run").exists()
 
 
-def test_labels_that_broadcast_against_the_outputs_are_one_line(tmp_path):
-  # The README's Task with labels of shape [batch] (`reduce_sum(x, 1)`)
-  # against outputs [batch, 1]: `labels - outputs` is [batch, batch].
+def _run_with_mistake(tmp_path, correct, mistaken):
+  """Trains the documented Task with `correct` replaced by `mistaken`, in
+  a new project directory; returns it and the finished run."""
   project = tmp_path / "project"
   project.mkdir()
-  source = USER_TASK.replace("tf.reduce_sum(x, 1, True)",
-                             "tf.reduce_sum(x, 1)")
+  source = USER_TASK.replace(correct, mistaken)
   assert source != USER_TASK
   (project / "my_task.py").write_text(source)
   (project / "my.gin").write_text(USER_GIN)
-  result = helpers.run_cli(["--gin_file=my.gin", "--model_dir=run"],
-                           cwd=str(project))
+  return project, helpers.run_cli(["--gin_file=my.gin", "--model_dir=run"],
+                                  cwd=str(project))
+
+
+def test_labels_that_broadcast_against_the_outputs_are_one_line(tmp_path):
+  # The README's Task with labels of shape [batch] (`reduce_sum(x, 1)`)
+  # against outputs [batch, 1]: `labels - outputs` is [batch, batch].
+  project, result = _run_with_mistake(tmp_path, "tf.reduce_sum(x, 1, True)",
+                                      "tf.reduce_sum(x, 1)")
   assert result.returncode == 2, result.stderr[-3000:]
   assert result.stderr.strip().splitlines() == [
       "train.py: error: Regression.build_losses: labels of shape [8] and "
@@ -340,4 +347,24 @@ def test_labels_that_broadcast_against_the_outputs_are_one_line(tmp_path):
       "shape (`labels = tf.reshape(labels, tf.shape(model_outputs))`) or "
       "drop the outputs' last axis of 1."]
   # Stopped before a step was saved: nothing but the run's bookkeeping.
+  assert not [n for n in os.listdir(project / "run") if n.startswith("ckpt")]
+
+
+def test_a_loss_averaged_per_replica_is_one_line_at_the_first_step(
+    tmp_path):
+  # The documented Task with `tf.reduce_mean` for `compute_average_loss`,
+  # on the 2 replicas of its gin file.
+  project, result = _run_with_mistake(
+      tmp_path, "loss = tf.nn.compute_average_loss(", "loss = tf.reduce_mean(")
+  assert result.returncode == 2, result.stderr[-3000:]
+  [line] = result.stderr.strip().splitlines()
+  assert re.fullmatch(
+      r"train.py: error: Regression.train_step's loss on the first step, "
+      r"summed over 2 replicas, is [\d.]+: 2\.0\d times the global-batch mean "
+      r"of build_losses on the same batch \([\d.]+\), so it is averaged over "
+      r"each replica's batch and every gradient is 2 times too large; "
+      r"average over the GLOBAL batch: tf.nn.compute_average_loss\("
+      r"per_example_losses\) \(`trainer.check_loss_scaling=False` skips this "
+      r"check\).", line), line
+  assert "is your own" not in result.stdout  # Checked, so no hint.
   assert not [n for n in os.listdir(project / "run") if n.startswith("ckpt")]

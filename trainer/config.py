@@ -96,6 +96,11 @@ class TrainerConfig:
     profile_steps: `(start, end)`: trace the steps from global step `start`
       to `end` with the TensorFlow profiler into `model_dir/train`; None for
       no trace.
+    check_loss_scaling: On the first step of a new run on several
+      replicas, with the Task's own `train_step`, compare its loss with the
+      global-batch mean of `build_losses` on the same batch, and stop where
+      it is the replica count times that (averaged per replica): one extra
+      forward pass, once (`trainer.loss_scaling`).
     optimizer: `optimizer.*`.
     learning_rate: `learning_rate.*`.
     ema: `ema.*`.
@@ -128,6 +133,7 @@ class TrainerConfig:
   preemption_exit_code: int = 42
   preemption_grace_seconds: float = 25.0
   profile_steps: Optional[Tuple[int, int]] = None
+  check_loss_scaling: bool = True
   optimizer: optimization.OptimizerConfig = _bound(
       optimization.OptimizerConfig)
   learning_rate: optimization.ScheduleConfig = _bound(

@@ -111,7 +111,9 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
         config=parts.config, num_workers=parts.worker.num_workers,
         restored_path=controller.restored_path, step=controller.step,
         training=parts.training, evaluating=parts.evaluating,
-        own_train_step=task_lib.overrides(task, "train_step")))
+        unchecked_train_step=(
+            task_lib.overrides(task, "train_step") and
+            not (parts.trainer and parts.trainer.checks_loss_scaling))))
     if controller.step:
       _resume_input(parts, controller.step)
     with _stall_watch(parts, controller):
@@ -286,7 +288,8 @@ def _trainer(task: task_lib.Task, state: state_lib.TrainState,
       task, state.model, state.optimizer, state.strategy, train_input,
       state.global_step, run_eagerly=runtime.run_eagerly,
       enable_xla=runtime.enable_xla,
-      step_options=gradients.StepOptions.from_config(config))
+      step_options=gradients.StepOptions.from_config(config),
+      check_loss_scaling=config.check_loss_scaling)
 
 
 def _controller(parts: _Parts, write_dir: str, restore_dir: str,

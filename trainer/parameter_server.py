@@ -237,6 +237,9 @@ class ScheduledTaskTrainer(runners.TaskTrainer):
       console.info(f"input | worker i of {self._num_workers} reads examples "
                    f"i, i + {self._num_workers}, ... of the task's training "
                    "data")
+    # Its loop schedules single steps; the loss-scaling check needs the
+    # replicas of one step side by side.
+    options["check_loss_scaling"] = False
     super().__init__(task, model, optimizer, strategy, train_input,
                      global_step, **options)
 

@@ -64,7 +64,7 @@ def header(*, task_name: str, mode: str, model_dir: str,
            strategy: tf.distribute.Strategy, runtime, config,
            num_workers: int, restored_path: Optional[str], step: int,
            training: bool, evaluating: bool,
-           own_train_step: bool = False) -> List[str]:
+           unchecked_train_step: bool = False) -> List[str]:
   """Returns the header lines of a run.
 
   Args:
@@ -79,10 +79,11 @@ def header(*, task_name: str, mode: str, model_dir: str,
     step: The step it starts from.
     training: Whether the mode trains.
     evaluating: Whether it evaluates.
-    own_train_step: Whether the Task overrides `train_step`: a new run on
-      several replicas then says how to check its loss scaling, which
-      nothing cheap checks at run time (a loss averaged over the replica's
-      batch trains, on N replicas, with N times the gradient).
+    unchecked_train_step: Whether the Task overrides `train_step` and the
+      run does not check its loss scaling (`trainer.loss_scaling`): a new
+      run on several replicas then says how to check it (a loss averaged
+      over the replica's batch trains, on N replicas, with N times the
+      gradient).
   """
   if restored_path and not training:
     origin = f"evaluating {os.path.basename(restored_path)}"
@@ -129,7 +130,8 @@ def header(*, task_name: str, mode: str, model_dir: str,
       plan[-1] += ", evaluating at the end"
   plan.append(f"tensorboard --logdir {model_dir}")
   lines.append("run | " + " | ".join(plan))
-  if own_train_step and training and replicas > 1 and not restored_path:
+  if (unchecked_train_step and training and replicas > 1 and
+      not restored_path):
     lines.append(
         f"run | {task_name}.train_step is your own: on {replicas} replicas "
         "its loss must be this replica's share of the global-batch mean "

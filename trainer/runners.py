@@ -23,6 +23,7 @@ from trainer import data_service
 from trainer import errors
 from trainer import gradients
 from trainer import inputs as inputs_lib
+from trainer import loss_scaling
 from trainer import named
 from trainer import optimization
 from trainer import task as task_lib
@@ -61,7 +62,8 @@ class TaskTrainer(orbit.StandardTrainer):
                train_input: inputs_lib.DistributedInput,
                global_step: tf.Variable, *, run_eagerly: bool = False,
                enable_xla: bool = False,
-               step_options: Optional[gradients.StepOptions] = None):
+               step_options: Optional[gradients.StepOptions] = None,
+               check_loss_scaling: bool = False):
     """Builds the trainer.
 
     Args:
@@ -75,6 +77,8 @@ class TaskTrainer(orbit.StandardTrainer):
       enable_xla: Compile the per-replica step with XLA.
       step_options: Micro-batches and clipping for the default
         `Task.train_step`.
+      check_loss_scaling: Check an overridden `train_step`'s loss scaling
+        on the first step of a new run (`trainer.loss_scaling`).
 
     Raises:
       errors.ConfigError: If the task overrides `train_step` but the
@@ -91,6 +95,9 @@ class TaskTrainer(orbit.StandardTrainer):
     self._run_eagerly = run_eagerly
     self.in_loop = False  # Whether a `train` call is running.
     self._checked_optimizers = False
+    # Checked on the first loop of a new run only.
+    self._checks_loss_scaling = check_loss_scaling and loss_scaling.applies(
+        task, model, strategy.num_replicas_in_sync)
     self._create_loop_variables()
     self._configure_step(step_options or gradients.StepOptions(), enable_xla)
     super().__init__(self._train_dataset())
@@ -120,6 +127,10 @@ class TaskTrainer(orbit.StandardTrainer):
     # input can be skipped to `global_step + discarded_batches` on resume.
     self.discarded_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
                                          name="discarded_batches")
+    # The first step's loss and the sum and count of `build_losses` on its
+    # batch, where the loss scaling is checked.
+    self._loss_check = tf.Variable(tf.zeros([3], tf.float64),
+                                   trainable=False, name="loss_check")
     self._scheduled = isinstance(
         optimization.get_learning_rate(named.first(self.optimizer)),
         tf_keras.optimizers.schedules.LearningRateSchedule)
@@ -202,8 +213,9 @@ class TaskTrainer(orbit.StandardTrainer):
     """
     self.in_loop = True
     try:
-      output = (self._train_on_new_jobs(num_steps) if self._input.remote
-                else super().train(num_steps))
+      with self._checking_loss_scaling():
+        output = (self._train_on_new_jobs(num_steps) if self._input.remote
+                  else super().train(num_steps))
       if not self._checked_optimizers:
         self._checked_optimizers = True
         self._check_every_optimizer_stepped()
@@ -221,6 +233,54 @@ class TaskTrainer(orbit.StandardTrainer):
       raise errors.RunError(data_loss.describe(e, self._input.dataset)) from e
     finally:
       self.in_loop = False
+
+  @property
+  def checks_loss_scaling(self) -> bool:
+    """Whether the first loop will check an overridden `train_step`'s loss
+    scaling (a new run of such a Task on several replicas)."""
+    return self._checks_loss_scaling
+
+  @contextlib.contextmanager
+  def _checking_loss_scaling(self):
+    """Runs the loop inside with the loss-scaling check on its first step,
+    on the first loop of a new run (`trainer.loss_scaling`), then checks.
+
+    Raises:
+      errors.ConfigError: If the step's loss is averaged per replica.
+    """
+    if not self._checks_loss_scaling:
+      yield
+      return
+    self._checks_loss_scaling = False
+    if int(self.global_step.numpy()):
+      yield  # Resumed: checked when the run was new.
+      return
+    if self._train_loop_fn is None:
+      self._train_loop_fn = self.create_train_loop_fn()
+    loop_fn = self._train_loop_fn
+
+    def first_loop(iterator, num_steps):
+      # The checked step alone, then the loop's other steps: the step is
+      # traced twice, not three times (measured on a ResNet-18).
+      loop_fn(iterator, num_steps, check_first_step=True)
+      first_loss, nonfinite_step, _ = self._status.numpy()
+      rest = int(num_steps) - 1
+      if nonfinite_step >= 0 or rest <= 0:
+        return
+      loop_fn(iterator, tf.constant(rest, tf.int32))
+      mean_loss, nonfinite_step, rate = self._status.numpy()
+      self._status.assign([(first_loss + rest * mean_loss) / (rest + 1),
+                           nonfinite_step, rate])
+
+    self._train_loop_fn = first_loop
+    try:
+      yield
+    finally:
+      self._train_loop_fn = loop_fn
+    loss, total, count = self._loss_check.numpy()
+    loss_scaling.check(type(self.task).__name__,
+                       self.strategy.num_replicas_in_sync, loss, total,
+                       count)
 
   def _train_on_new_jobs(self, num_steps: tf.Tensor):
     """Trains `num_steps` steps on the tf.data service's batches, reading
@@ -345,6 +405,14 @@ class TaskTrainer(orbit.StandardTrainer):
                                   self.metrics, **self._step_kwargs)
     return self._with_norms(logs, norms)
 
+  def _checked_replica_step(self, inputs):
+    """The replica step, after the reference losses of its batch (on the
+    weights before the update: automatic control dependencies order
+    variable reads and writes as written)."""
+    reference = loss_scaling.reference_losses(self.task, self.model, inputs)
+    with tf.control_dependencies(reference):
+      return self._replica_step(inputs), reference
+
   def _with_norms(self, logs, norms):
     """Adds each model's gradient norm (`trainer.minimize`'s) to a step's
     logs as `gradient_norm/<model>`, and makes the loss NaN where a norm is
@@ -376,18 +444,26 @@ class TaskTrainer(orbit.StandardTrainer):
     compiled loop keeps one `tf.function` call and one read per loop.
     """
 
-    def loop(iterator, num_steps):
+    def loop(iterator, num_steps, check_first_step=False):
       total = tf.constant(0.0)
       done = tf.constant(0.0)
       nonfinite_step = tf.constant(-1, tf.int64)
-      for _ in tf.range(num_steps):
-        loss = self.train_step(iterator)
-        # Checked every step, so the run stops at the step that went wrong.
-        if not tf.math.is_finite(loss):
-          nonfinite_step = self.global_step.read_value()
-          break
-        total += loss
-        done += 1.0
+      if check_first_step:  # One step, traced once: a new run's first.
+        loss = self._step(iterator, check_loss_scaling=True)
+        finite = tf.math.is_finite(loss)
+        total = tf.where(finite, loss, 0.0)
+        done = tf.cast(finite, tf.float32)
+        nonfinite_step = tf.where(finite, nonfinite_step,
+                                  self.global_step.read_value())
+      else:
+        for _ in tf.range(num_steps):
+          loss = self.train_step(iterator)
+          # Checked every step, so the run stops at the step that went wrong.
+          if not tf.math.is_finite(loss):
+            nonfinite_step = self.global_step.read_value()
+            break
+          total += loss
+          done += 1.0
       self._status.assign(tf.stack([
           tf.cast(total / tf.maximum(done, 1.0), tf.float64),
           tf.cast(nonfinite_step, tf.float64), self._scheduled_rate()]))
@@ -417,6 +493,11 @@ class TaskTrainer(orbit.StandardTrainer):
 
   def train_step(self, iterator) -> tf.Tensor:
     """Runs one step on every replica; returns the global mean loss."""
+    return self._step(iterator)
+
+  def _step(self, iterator, check_loss_scaling: bool = False) -> tf.Tensor:
+    """`train_step`; `check_loss_scaling` also records the loss and the
+    reference losses of the batch, for `trainer.loss_scaling.check`."""
     waited = tf.constant(0.0, tf.float64)
     if self._measures_input_wait():
       # The time `next` blocks is the time the step waited for the input
@@ -429,7 +510,11 @@ class TaskTrainer(orbit.StandardTrainer):
     else:
       batch = next(iterator)
     batch = self._input.split(batch)
-    logs = self.strategy.run(self._replica_step, args=(batch,))
+    if check_loss_scaling:
+      logs, reference = self.strategy.run(self._checked_replica_step,
+                                          args=(batch,))
+    else:
+      logs = self.strategy.run(self._replica_step, args=(batch,))
     if not isinstance(logs, dict) or "loss" not in logs:
       raise errors.ConfigError(
           f"{type(self.task).__name__}.train_step must return a dict with "
@@ -437,6 +522,11 @@ class TaskTrainer(orbit.StandardTrainer):
           f"{' ' + str(sorted(logs)) if isinstance(logs, dict) else ''}.")
     loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, logs["loss"],
                                 axis=None)
+    if check_loss_scaling:
+      total, count = (self.strategy.reduce(tf.distribute.ReduceOp.SUM, value,
+                                           axis=None) for value in reference)
+      self._loss_check.assign(tf.stack([tf.cast(loss, tf.float64), total,
+                                        count]))
     self._add_extra_scalars(logs)
     norm = finite = tf.constant(0.0, tf.float64)
     if "gradient_norm" in logs:
