@@ -17,7 +17,13 @@ A worker tells the trainers it serves its address as `--host:--port`
 when they run elsewhere). The first line is `data_service | dispatcher
 serving at grpc://...` or `data_service | worker serving at ...`; a
 dispatcher then prints `data_service | dispatcher has N worker(s)` whenever
-the count changes. SIGTERM or SIGINT stops the server (exit 0). A bad flag
+the count changes, and adds `, 1 unreachable: HOST:PORT ...` within 10 s
+of a worker's death: TensorFlow's dispatcher keeps a dead worker registered
+for good (its `worker_timeout_ms` only concerns snapshots: measured, a
+SIGKILLed worker was still listed 60 s later with a 5 s timeout), while
+trainers read from the other workers without a pause. So no timeout flag is
+offered: none would drop it. A worker restarted on the same address is the
+same worker again; one on a new address is one more. SIGTERM or SIGINT stops the server (exit 0). A bad flag
 is one line on stderr and exit code 2, a busy port one line and exit code 1.
 
 A worker first asks its dispatcher for its version, as the service's
@@ -144,6 +150,41 @@ def wait_for_dispatcher(dispatcher: str, stop: threading.Event) -> bool:
       return False
 
 
+class WorkerReport:
+  """A dispatcher's line whenever its workers change: how many are
+  registered and, checked every `PROBE_SECONDS`, which of them nothing
+  answers at (TensorFlow keeps a dead worker registered for good; see
+  `trainer.data_service.unreachable_workers`)."""
+
+  PROBE_SECONDS = 10.0
+
+  def __init__(self, server):
+    self._server = server
+    self._last = (0, [])
+    self._next_probe = 0.0
+
+  def update(self) -> None:
+    """Prints the line if the count or the unreachable workers changed."""
+    count = self._server._num_workers()  # pylint: disable=protected-access
+    unreachable = self._last[1]
+    now = time.monotonic()
+    if count != self._last[0] or (count and now >= self._next_probe):
+      self._next_probe = now + self.PROBE_SECONDS
+      try:
+        unreachable = data_service.unreachable_workers(self._server.target)
+      except data_service.NoDispatcher:
+        return  # Its own dispatcher busy: asked again next time.
+    if (count, unreachable) == self._last:
+      return
+    self._last = (count, unreachable)
+    line = f"data_service | dispatcher has {count} worker(s)"
+    if unreachable:
+      line += (f", {len(unreachable)} unreachable: {', '.join(unreachable)} "
+               "(TensorFlow keeps a dead worker registered; trainers read "
+               "from the others)")
+    print(line, flush=True)
+
+
 def main(argv) -> int:
   """Starts the server `--dispatcher` asks for and serves until a signal;
   returns the exit code."""
@@ -173,14 +214,11 @@ def main(argv) -> int:
     return ERROR_EXIT_CODE
   print(f"data_service | {line}", flush=True)
   # The servers run on TensorFlow's threads; the main thread only waits,
-  # in short slices, so that a signal is handled at once. A dispatcher
-  # says when its worker count changes (a worker that dies is dropped after
-  # the dispatcher's worker timeout).
-  workers = 0
+  # in short slices, so that a signal is handled at once.
+  report = None if FLAGS.dispatcher else WorkerReport(server)
   while not stop.wait(0.5):
-    if not FLAGS.dispatcher and server._num_workers() != workers:  # pylint: disable=protected-access
-      workers = server._num_workers()  # pylint: disable=protected-access
-      print(f"data_service | dispatcher has {workers} worker(s)", flush=True)
+    if report:
+      report.update()
   print("data_service | stopped", flush=True)
   # Not `server.stop()`: a worker's shutdown waits for the jobs it serves
   # (measured: a worker serving a live trainer was still up 30 s after

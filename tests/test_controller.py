@@ -6,11 +6,13 @@ import re
 import time
 
 import numpy as np
+import orbit
 import pytest
 import tensorflow as tf
 
 import trainer
 from tasks import digits
+from trainer import controller as controller_lib
 from trainer import experiment
 
 import helpers
@@ -247,3 +249,50 @@ def test_input_bound_training_is_measured_and_reported(tmp_path, capsys):
                           capsys)
   assert all(fraction < 0.2 for fraction in fast), fast
   assert "input-bound" not in out
+
+
+class _WaitingTrainer(orbit.runner.AbstractTrainer):
+  """A loop blocked on its input (`in_loop`), as the stall watch sees it."""
+
+  in_loop = True
+
+  def train(self, num_steps):
+    raise AssertionError("not run")
+
+
+class _OvertakenManager(tf.train.CheckpointManager):
+  """Its first save lets the loop take one more step meanwhile: the batch
+  came back while the stall watch saved."""
+
+  def __init__(self, step, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self._global = step
+    self.overtaken = False
+
+  def save(self, *args, **kwargs):
+    path = super().save(*args, **kwargs)
+    if not self.overtaken:
+      self.overtaken = True
+      self._global.assign_add(1)
+    return path
+
+
+def test_a_save_while_waiting_overtaken_by_a_step_says_nothing(tmp_path):
+  step = tf.Variable(0, dtype=tf.int64)
+  weights = tf.Variable(1.0)
+  manager = _OvertakenManager(step, tf.train.Checkpoint(step=step, w=weights),
+                              str(tmp_path), max_to_keep=5)
+  controller = controller_lib.Controller(
+      trainer=_WaitingTrainer(), global_step=step,
+      strategy=tf.distribute.get_strategy(), checkpoint_manager=manager,
+      steps_per_loop=1)
+  step.assign(7)  # The loop trained 7 steps, then its input stopped.
+  # A batch came during the save: the checkpoint may mix steps 7 and 8, so
+  # the timeout is not reported (the watch waits again).
+  assert controller.save_while_waiting() is None
+  # Still stuck at step 8: saved and reported.
+  assert controller.save_while_waiting() == "the checkpoint of step 8 is saved"
+  assert helpers.latest_step(str(tmp_path)) == 8
+  # Nothing new: not saved twice.
+  assert controller.save_while_waiting() == "the checkpoint of step 8 is saved"
+  assert manager.latest_checkpoint.endswith("ckpt-8")

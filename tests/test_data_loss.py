@@ -106,6 +106,23 @@ def test_a_damaged_tfds_shard_is_named(tmp_path):
                          "truncated record at byte "), line
 
 
+def _train_to_the_damage(tmp_path, gin_name):
+  """Runs `train.py --mode=train` on `tmp_path/gin_name` (16 examples a
+  step, saved every 4 steps), which must exit 1; returns its stderr lines.
+  """
+  gin_file = tmp_path / gin_name
+  gin_file.write_text(gin_file.read_text() + (
+      "trainer.global_batch_size = 16\n"
+      "trainer.train_steps = 100\n"
+      "trainer.steps_per_loop = 4\n"
+      "trainer.summary_interval = 4\n"
+      "trainer.checkpoint_interval = 4\n"))
+  run = helpers.run_cli([f"--gin_file={gin_name}", "--model_dir=run",
+                         "--mode=train"], cwd=str(tmp_path), timeout=300)
+  assert run.returncode == 1, run.stderr[-3000:]
+  return run.stderr.strip().splitlines()
+
+
 def test_train_py_names_the_damaged_shard_and_keeps_its_checkpoints(
     tmp_path):
   pattern = _write(str(tmp_path / "data"), 4, 64)
@@ -120,16 +137,8 @@ def test_train_py_names_the_damaged_shard_and_keeps_its_checkpoints(
       f"TFRecordSource.eval_files = '{pattern}'\n"
       "TFRecordSource.schema = {'image/encoded': 'string', "
       "'image/class/label': 'int64'}\n"
-      "TFRecordSource.label_offset = -1\n"
-      "trainer.global_batch_size = 16\n"
-      "trainer.train_steps = 100\n"
-      "trainer.steps_per_loop = 4\n"
-      "trainer.summary_interval = 4\n"
-      "trainer.checkpoint_interval = 4\n")
-  run = helpers.run_cli(["--gin_file=records.gin", "--model_dir=run",
-                         "--mode=train"], cwd=str(tmp_path), timeout=300)
-  assert run.returncode == 1, run.stderr[-3000:]
-  last = run.stderr.strip().splitlines()[-1]
+      "TFRecordSource.label_offset = -1\n")
+  last = _train_to_the_damage(tmp_path, "records.gin")[-1]
   assert last.startswith(
       f"train.py: error: the input data is damaged: {damaged} holds a "
       "truncated record at byte "), last
@@ -137,3 +146,66 @@ def test_train_py_names_the_damaged_shard_and_keeps_its_checkpoints(
                        "command again to resume from the newest checkpoint")
   # The split is read into memory before training: nothing was trained.
   assert tf.train.latest_checkpoint(str(tmp_path / "run")) is None
+
+
+STREAMED_TASK = '''
+import gin
+import tensorflow as tf
+import tf_keras
+import trainer
+
+
+def _example(x):
+  return tf.io.parse_single_example(x, {
+      "x": tf.io.FixedLenFeature([4], tf.float32),
+      "y": tf.io.FixedLenFeature([1], tf.float32)})
+
+
+@gin.configurable
+class Streamed(trainer.Task):
+  """Reads its shards as it trains, as a large dataset's Task does."""
+
+  def __init__(self, pattern=gin.REQUIRED):
+    self.pattern = pattern
+
+  def build_model(self):
+    return tf_keras.Sequential([tf_keras.Input((4,)), tf_keras.layers.Dense(1)])
+
+  def build_inputs(self, training, input_context=None):
+    files = tf.data.Dataset.list_files(self.pattern, shuffle=False)
+    return files.interleave(tf.data.TFRecordDataset).map(
+        lambda record: (_example(record)["x"], _example(record)["y"]))
+
+  def build_losses(self, labels, model_outputs, aux_losses=None):
+    return tf.reduce_mean(tf.square(labels - model_outputs), axis=-1)
+'''
+
+
+def test_a_streamed_shard_damaged_mid_run_is_named_and_earlier_saves_stay(
+    tmp_path):
+  # 4 shards of 64 records read in order, 16 per step: the truncated last
+  # shard is met after step 12, once ckpt-12 is saved.
+  os.makedirs(tmp_path / "data")
+  rng = np.random.RandomState(0)
+  paths = []
+  for shard in range(4):
+    paths.append(str(tmp_path / "data" / f"part-{shard}.tfrecord"))
+    with tf.io.TFRecordWriter(paths[-1]) as writer:
+      for x in rng.normal(size=(64, 4)).astype(np.float32):
+        writer.write(tf.train.Example(features=tf.train.Features(feature={
+            "x": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
+            "y": tf.train.Feature(float_list=tf.train.FloatList(
+                value=[x.sum()]))})).SerializeToString())
+  _truncate(paths[3], os.path.getsize(paths[3]) * 2 // 3)
+  (tmp_path / "streamed.py").write_text(STREAMED_TASK)
+  (tmp_path / "streamed.gin").write_text(
+      "import streamed\n"
+      "experiment.task = @Streamed()\n"
+      f"Streamed.pattern = '{tmp_path / 'data' / '*.tfrecord'}'\n")
+  [last] = _train_to_the_damage(tmp_path, "streamed.gin")
+  assert last.startswith(
+      f"train.py: error: the input data is damaged: {paths[3]} holds a "
+      "truncated record at byte "), last
+  assert last.endswith("; replace or remove that file and run the same "
+                       "command again to resume from the newest checkpoint")
+  assert helpers.checkpoint_step(str(tmp_path / "run")) == 12

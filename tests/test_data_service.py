@@ -4,6 +4,7 @@ batches; a worker killed mid-run, a resumed run and the refusals."""
 
 import random
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -43,9 +44,23 @@ class _Server:
       return None
 
 
-@pytest.fixture(name="service")
-def fixture_service():
-  """A dispatcher and 2 workers; yields (address, [workers])."""
+def _line_matching(server: _Server, pattern: str, timeout: float = 60.0):
+  """Reads `server`'s lines until one matches `pattern`; returns it."""
+  deadline = time.monotonic() + timeout
+  seen = []
+  while time.monotonic() < deadline:
+    ready, _, _ = select.select([server.process.stdout], [], [], 1.0)
+    if ready:
+      line = server.process.stdout.readline().strip()
+      seen.append(line)
+      if re.fullmatch(pattern, line):
+        return line
+  raise AssertionError(f"no line {pattern!r} in {timeout:g} s: {seen}")
+
+
+@pytest.fixture(name="servers")
+def fixture_servers():
+  """A dispatcher and 2 workers; yields (address, dispatcher, [workers])."""
   ports = helpers.free_ports(3)
   dispatcher = _Server(f"--port={ports[0]}")
   workers = [_Server(f"--port={port}", f"--dispatcher=127.0.0.1:{ports[0]}",
@@ -57,12 +72,19 @@ def fixture_service():
       assert worker.first_line == (
           f"data_service | worker serving at 127.0.0.1:{port} for "
           f"dispatcher 127.0.0.1:{ports[0]}")
-    yield f"grpc://127.0.0.1:{ports[0]}", workers
+    yield f"grpc://127.0.0.1:{ports[0]}", dispatcher, workers
   finally:
     codes = [server.stop() for server in workers + [dispatcher]]
   # Each stops on SIGTERM (exit 0; None: it had to be killed), a worker
   # that served a trainer included; -9 is a worker the test killed.
   assert all(code in (0, -signal.SIGKILL) for code in codes), codes
+
+
+@pytest.fixture(name="service")
+def fixture_service(servers):
+  """A dispatcher and 2 workers; yields (address, [workers])."""
+  address, _, workers = servers
+  yield address, workers
 
 
 def _accuracy(out: str) -> float:
@@ -304,6 +326,33 @@ def test_a_stall_past_the_timeout_ends_the_run_naming_the_workers(capsys):
           "command again")
 
 
+def test_a_timeout_whose_save_a_batch_overtook_waits_a_whole_timeout_again():
+  # `on_timeout` returns False when a batch came during its save (the
+  # controller's `save_while_waiting` returns None): the watch waits again.
+  clock, step, calls = _Clock(), [None], []
+  runtime = trainer.RuntimeConfig(data_service="grpc://127.0.0.1:5050",
+                                  data_service_timeout=100)
+  watch = data_service.StallWatch(
+      runtime, lambda: step[0],
+      lambda *args: calls.append((args[0], clock.now)) or len(calls) > 1,
+      seconds=60, poll_seconds=0.01, clock=clock,
+      workers_fn=lambda address: [])
+  with watch:
+    step[0] = 0
+    time.sleep(0.1)
+    step[0] = 5
+    time.sleep(0.1)
+    clock.now = 101.0
+    time.sleep(0.1)
+    assert calls == [(5, 101.0)]
+    clock.now = 200.0  # Less than a whole timeout since the first call.
+    time.sleep(0.1)
+    assert calls == [(5, 101.0)]
+    clock.now = 202.0
+    time.sleep(0.1)
+  assert calls == [(5, 101.0), (5, 202.0)]
+
+
 def _restart_dispatcher_mid_run(tmp_path, *dispatcher_args):
   """Trains digits to 600 through a dispatcher that is killed and started
   again on its port at step 200; returns the finished run."""
@@ -510,3 +559,23 @@ def test_sigkill_at_a_random_moment_then_restart_resumes(tmp_path, service,
           resumed.stdout)
   assert helpers.checkpoint_step(str(tmp_path / "run")) == saved + 400
   assert _accuracy(resumed.stdout) >= 0.95
+
+
+def test_the_dispatcher_names_a_dead_worker_and_its_return(servers):
+  # TensorFlow keeps a dead worker registered; the dispatcher's line says
+  # nothing answers at its address, and says so no more once it is back.
+  address, dispatcher, workers = servers
+  dispatcher_port = address.rsplit(":", 1)[1]
+  _line_matching(dispatcher, r"data_service \| dispatcher has 2 worker\(s\)")
+  dead = workers[0].process.args[2].split("=")[1]
+  workers[0].process.kill()
+  workers[0].process.wait()
+  _line_matching(dispatcher, (
+      rf"data_service \| dispatcher has 2 worker\(s\), 1 unreachable: "
+      rf"127.0.0.1:{dead} \(TensorFlow keeps a dead worker registered; "
+      r"trainers read from the others\)"), timeout=30)
+  workers.append(_Server(f"--port={dead}",
+                         f"--dispatcher=127.0.0.1:{dispatcher_port}",
+                         "--host=127.0.0.1"))
+  _line_matching(dispatcher, r"data_service \| dispatcher has 2 worker\(s\)",
+                 timeout=30)

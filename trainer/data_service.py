@@ -282,6 +282,30 @@ def list_workers(target: str, timeout: float = 5.0) -> List[str]:
                 if info)
 
 
+def unreachable_workers(target: str, timeout: float = 2.0) -> List[str]:
+  """Returns the workers the dispatcher at `[grpc://]host:port` lists at
+  whose address nothing answers (a dead worker).
+
+  TensorFlow 2.20's dispatcher keeps a dead worker registered for good: its
+  `worker_timeout_ms` only concerns snapshots (measured: a SIGKILLed worker
+  still listed 60 s later with a 5 s timeout, 400 s later with the
+  default). Readers go on with the other workers' tasks meanwhile (measured:
+  no pause in reading). A live worker's gRPC server answers a dispatcher's
+  call with UNIMPLEMENTED; nothing listens where one died.
+
+  Raises:
+    NoDispatcher: Where no dispatcher answers.
+  """
+  unreachable = []
+  for worker in list_workers(target, timeout):
+    try:
+      _call(worker, _GET_VERSION, timeout)
+    except NoDispatcher as e:
+      if e.may_start:  # Nothing listens.
+        unreachable.append(worker)
+  return unreachable
+
+
 class StallWatch:
   """Warns when training stops advancing while it reads from the service,
   and ends the wait after `runtime.data_service_timeout`.
