@@ -15,10 +15,10 @@ from trainer import loss_scaling
 import helpers
 
 
-def _train(task, model_dir, steps=20, replicas=2, **overrides):
-  runtime = trainer.RuntimeConfig(
-      distribution_strategy="mirrored" if replicas > 1 else "one_device",
-      num_cpu_devices=replicas if replicas > 1 else 0, seed=1)
+def _train(task, model_dir, steps=20, run_eagerly=False, **overrides):
+  runtime = trainer.RuntimeConfig(distribution_strategy="mirrored",
+                                  num_cpu_devices=2, seed=1,
+                                  run_eagerly=run_eagerly)
   settings = dict(train_steps=steps, steps_per_loop=10, summary_interval=10,
                   global_batch_size=32, checkpoint_interval=10)
   settings.update(overrides)
@@ -26,9 +26,12 @@ def _train(task, model_dir, steps=20, replicas=2, **overrides):
   return experiment.run(task, "train", model_dir, runtime, config)
 
 
-def test_a_loss_averaged_per_replica_stops_at_the_first_step(tmp_path):
+@pytest.mark.parametrize("run_eagerly", [False, True])
+def test_a_loss_averaged_per_replica_stops_at_the_first_step(tmp_path,
+                                                             run_eagerly):
   with pytest.raises(trainer.ConfigError) as raised:
-    _train(helpers.PerReplicaMeanLinearRegression(), str(tmp_path))
+    _train(helpers.PerReplicaMeanLinearRegression(), str(tmp_path),
+           run_eagerly=run_eagerly)
   message = str(raised.value)
   assert message.startswith(
       "PerReplicaMeanLinearRegression.train_step's loss on the first step, "
