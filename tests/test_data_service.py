@@ -410,14 +410,20 @@ def test_a_dispatcher_without_a_journal_is_restarted_and_training_goes_on(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("journal", [False, True], ids=["no_journal",
+                                                        "journal"])
 def test_one_rerun_resumes_after_the_trainer_and_the_dispatcher_died(
-    tmp_path):
+    tmp_path, journal):
   # Before, the first rerun after a dispatcher restart failed and only the
   # second resumed. (A new job may meet the lost job's task ids, which the
   # restarted dispatcher hands out again, and fail: the running trainer of
-  # the test above meets that; then one more new job is read.)
+  # the test above meets that; then one more new job is read.) With a
+  # journal the restarted dispatcher still has the dead run's job; the rerun
+  # reads a new one.
   ports = helpers.free_ports(2)
-  servers = [_Server(f"--port={ports[0]}"),
+  dispatcher = [f"--port={ports[0]}"] + (
+      [f"--work_dir={tmp_path / 'journal'}"] if journal else [])
+  servers = [_Server(*dispatcher),
              _Server(f"--port={ports[1]}",
                      f"--dispatcher=127.0.0.1:{ports[0]}",
                      "--host=127.0.0.1")]
@@ -433,7 +439,7 @@ def test_one_rerun_resumes_after_the_trainer_and_the_dispatcher_died(
     run.finish(timeout=TIMEOUT)
     servers[0].process.kill()
     servers[0].process.wait()
-    servers.append(_Server(f"--port={ports[0]}"))
+    servers.append(_Server(*dispatcher))
     assert "dispatcher serving" in servers[-1].first_line
     rerun = helpers.run_cli(args, cwd=str(tmp_path), timeout=TIMEOUT)
   finally:
@@ -561,6 +567,7 @@ def test_sigkill_at_a_random_moment_then_restart_resumes(tmp_path, service,
   assert _accuracy(resumed.stdout) >= 0.95
 
 
+@pytest.mark.slow
 def test_the_dispatcher_names_a_dead_worker_and_its_return(servers):
   # TensorFlow keeps a dead worker registered; the dispatcher's line says
   # nothing answers at its address, and says so no more once it is back.
