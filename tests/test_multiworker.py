@@ -79,6 +79,7 @@ def test_two_workers_train_digits_in_sync(tmp_path):
   assert other_dir != str(model_dir) and not os.path.exists(other_dir)
 
 
+@pytest.mark.slow
 def test_killed_worker_stops_the_other_and_both_resume(tmp_path):
   model_dir = tmp_path / "run"
   workers = _start_workers(model_dir, "--gin_param=trainer.train_steps=100000",

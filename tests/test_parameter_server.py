@@ -17,6 +17,7 @@ import helpers
 TIMEOUT = 240
 
 
+@pytest.mark.slow
 def test_chief_workers_ps_and_evaluator_train_digits(tmp_path):
   ports = [f"127.0.0.1:{port}" for port in helpers.free_ports(4)]
   cluster = {"chief": ports[:1], "worker": ports[1:3], "ps": ports[3:]}

@@ -36,7 +36,7 @@ def _args(strategy, train_steps, model_dir):
 
 
 @pytest.mark.parametrize("strategy,seed", [
-    ("one_device", 1),
+    pytest.param("one_device", 1, marks=pytest.mark.slow),
     pytest.param("mirrored", 1, marks=pytest.mark.slow),
     pytest.param("one_device", 2, marks=pytest.mark.slow),
     pytest.param("mirrored", 2, marks=pytest.mark.slow),

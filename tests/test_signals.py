@@ -249,6 +249,7 @@ def test_sigint_during_the_final_evaluation_exits_at_once(tmp_path,
   assert helpers.checkpoint_step(str(model_dir)) == 4
 
 
+@pytest.mark.slow
 def test_an_input_that_raises_always_exits_with_its_message(tmp_path,
                                                             faulty_gin):
   # Exit used to hang in ~IteratorResource in 3 runs of 4: five at once.

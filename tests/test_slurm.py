@@ -412,6 +412,7 @@ def test_bad_input_under_srun_is_one_line_and_writes_nothing(
   assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_task_with_the_wrong_task_index_stops_the_step(slurm_env, tmp_path):
   # srun gives both tasks `task_index=0`: task 1 says so, and
   # --kill-on-bad-exit ends task 0, which would wait for its peer.

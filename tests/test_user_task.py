@@ -149,6 +149,7 @@ def test_train_resume_eval_dry_run_on_a_relative_model_dir(user_project):
   assert (os.stat(config).st_mode & 0o777) == (os.stat(ckpt).st_mode & 0o777)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["./runs/dot", "runs/slash/", "link"])
 def test_other_relative_model_dir_forms_resume(user_project, form):
   if form == "link":
