@@ -2,8 +2,9 @@
 
 A new run on several replicas of a Task with its own `train_step` runs its
 first step alone, in a function of its own with the reference forward pass
-before it (so the step is traced twice), and then the loop's other steps. This times, in one process, a whole short run
-(`experiment.run`, `--steps` steps in one loop, no evaluation) with
+before it (so the step is traced twice), and then the loop's other steps.
+This times, in one process, a whole short run (`experiment.run`, `--steps`
+steps in one loop, no evaluation) with
 `trainer.check_loss_scaling` on and off, alternating over `--rounds` rounds,
 for two models with a correct own `train_step`:
 

@@ -23,8 +23,9 @@ for good (its `worker_timeout_ms` only concerns snapshots: measured, a
 SIGKILLed worker was still listed 60 s later with a 5 s timeout), while
 trainers read from the other workers without a pause. So no timeout flag is
 offered: none would drop it. A worker restarted on the same address is the
-same worker again; one on a new address is one more. SIGTERM or SIGINT stops the server (exit 0). A bad flag
-is one line on stderr and exit code 2, a busy port one line and exit code 1.
+same worker again; one on a new address is one more. SIGTERM or SIGINT
+stops the server (exit 0). A bad flag is one line on stderr and exit code
+2, a busy port one line and exit code 1.
 
 A worker first asks its dispatcher for its version, as the service's
 clients do, and waits up to `--wait_for_dispatcher` seconds (default 60)
