@@ -28,6 +28,8 @@ from tasks import digits
 from trainer import inputs
 
 NUM_CLASSES = digits.NUM_CLASSES
+# How many screen pixels each pixel of the sample grid takes.
+GRID_ZOOM = 4
 
 
 @gin.configurable
@@ -139,7 +141,9 @@ class DigitsConditionalGan(trainer.Task):
 
   def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
     """`samples`: a grid of generated digits, one row per class, the same
-    noise in each column, at every evaluation."""
+    noise in each column, at every evaluation: each 8x8 digit in a grey
+    1-pixel frame, magnified `GRID_ZOOM` times (TensorBoard shows an image
+    at its own size, and 8 pixels are too few to read)."""
     del aggregated_logs, global_step
     columns = 10
     labels = tf.repeat(tf.range(NUM_CLASSES), columns)
@@ -147,10 +151,13 @@ class DigitsConditionalGan(trainer.Task):
         [columns, self.noise_dims], seed=[0, 0])
     images = self.generator([tf.tile(noise, [NUM_CLASSES, 1]), labels],
                             training=False)
-    grid = tf.reshape(tf.cast(images, tf.float32),
-                      [NUM_CLASSES, columns, 8, 8, 1])
+    cell = 8 + 2
+    framed = tf.pad(tf.cast(images, tf.float32),
+                    [[0, 0], [1, 1], [1, 1], [0, 0]], constant_values=0.5)
+    grid = tf.reshape(framed, [NUM_CLASSES, columns, cell, cell, 1])
     grid = tf.reshape(tf.transpose(grid, [0, 2, 1, 3, 4]),
-                      [NUM_CLASSES * 8, columns * 8, 1])
+                      [NUM_CLASSES * cell, columns * cell, 1])
+    grid = tf.repeat(tf.repeat(grid, GRID_ZOOM, axis=0), GRID_ZOOM, axis=1)
     return {"samples": grid}
 
   def export_signatures(self, model: tf_keras.Model, features_spec):

@@ -62,7 +62,9 @@ def test_several_models_train_and_checkpoint_by_name(tmp_path):
   # The sample grid: a PNG and an image summary per evaluation.
   png = tf.io.decode_png(tf.io.read_file(
       str(tmp_path / "eval" / "images" / "samples-20.png")))
-  assert png.shape == (80, 80, 1)
+  assert png.shape == (400, 400, 1)  # 10 x 10 framed digits, 4x
+  # The frames are grey; a digit is the generator's sigmoid, in [0, 1].
+  assert np.all(png[0, :, 0] == 128) and np.all(png[:, 0, 0] == 128)
   assert "samples" in helpers.read_tags(str(tmp_path / "eval"))
 
 
@@ -184,6 +186,32 @@ def test_mistakes_with_several_models_are_one_line(tmp_path, bindings, task,
   with pytest.raises(errors.ConfigError, match=message):
     _run(tmp_path, bindings, task=task, **settings)
   assert not os.path.exists(tmp_path / "checkpoint")
+
+
+@pytest.mark.parametrize("params, message", [
+    (["discriminatr/optimizer.learning_rate = 0.1"],
+     "gin binds settings under `discriminatr/` (`optimizer.*`, "
+     "`learning_rate.*` or `trainer.*`), but no trained model is named "
+     "'discriminatr'; the trained models are generator, discriminator, "
+     "classifier."),
+    (["export.at_end = True", "export.model = 'critic'"],
+     "`export.model` ('critic') names no model of the Task; its models are "
+     "generator, discriminator, classifier."),
+    (["ema.decay = 0.999"],
+     "the Task builds several models (generator, discriminator, "
+     "classifier): set `ema.model` to the one it applies to."),
+])
+def test_mistakes_with_several_models_are_one_line_from_the_cli(
+    tmp_path, params, message):
+  # As a user meets them: from their own directory, a relative model_dir.
+  result = helpers.run_cli(
+      [f"--gin_file={helpers.REPO_ROOT}/gin/digits_gan.gin",
+       "--gin_param=trainer.train_steps=100",
+       *[f"--gin_param={p}" for p in params], "--model_dir=runs/gan"],
+      cwd=str(tmp_path))
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert result.stderr.splitlines() == [f"train.py: error: {message}"]
+  assert not os.path.exists(tmp_path / "runs" / "gan" / "checkpoint")
 
 
 WRITING_A_TASK = os.path.join(helpers.REPO_ROOT, "docs", "writing-a-task.md")

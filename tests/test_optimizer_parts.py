@@ -217,6 +217,22 @@ def test_the_shipped_parts_train_digits_from_the_command_line(tmp_path):
   assert any("OPTIMIZER_SLOT/optimizer/backbone/m" in n for n in names)
 
 
+def test_a_pattern_that_matches_nothing_is_one_line_from_the_cli(tmp_path):
+  result = helpers.run_cli([
+      f"--gin_file={helpers.REPO_ROOT}/gin/digits.gin",
+      f"--gin_file={helpers.REPO_ROOT}/gin/features/optimizer_parts.gin",
+      "--gin_param=trainer.optimizer_parts = "
+      "{'backbone': '^conv', 'head': '^(hidden|logits)/', 'stem': '^stem/'}",
+      "--model_dir=runs/parts"], cwd=str(tmp_path))
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert result.stderr.splitlines() == [
+      "train.py: error: `trainer.optimizer_parts` pattern '^stem/' of part "
+      "'stem' matches no trainable variable; the model's are: conv1/kernel, "
+      "conv1/bias, conv2/kernel, conv2/bias, hidden/kernel, hidden/bias and 2 "
+      "more."]
+  assert not os.path.exists(tmp_path / "runs" / "parts" / "checkpoint")
+
+
 def test_parts_keep_ema_and_rollback_slots(tmp_path):
   # EMA wraps the parts; `on_nonfinite='rollback'` makes every part's slots
   # before the first step, so a checkpoint holds them all from step 0.

@@ -106,15 +106,20 @@ def assign(parts: Mapping[str, str],
       raise errors.ConfigError(
           f"`trainer.optimizer_parts` pattern {pattern!r} of part '{name}' "
           "matches no trainable variable; the model's are: "
-          f"{', '.join(_short(v) for v in variables[:6])}"
-          f"{', ...' if len(variables) > 6 else ''}.")
+          f"{_some([_short(v) for v in variables], 6)}.")
   if unowned:
     raise errors.ConfigError(
         f"`trainer.optimizer_parts` leaves {len(unowned)} trainable "
-        f"variable(s) without an optimizer: {', '.join(unowned[:4])}"
-        f"{', ...' if len(unowned) > 4 else ''}; add a part whose pattern "
-        "matches them.")
+        f"variable(s) without an optimizer: {_some(unowned, 4)}; add a part "
+        "whose pattern matches them.")
   return owned
+
+
+def _some(names: List[str], shown: int) -> str:
+  """`names` joined with commas, the first `shown` only and how many more."""
+  if len(names) <= shown:
+    return ", ".join(names)
+  return f"{', '.join(names[:shown])} and {len(names) - shown} more"
 
 
 class PartitionedOptimizer(tf_keras.optimizers.legacy.Optimizer):
