@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import tensorflow as tf
 
 import helpers
 
@@ -238,3 +239,31 @@ def test_a_lost_ps_is_named_and_the_chief_resumes_after_its_restart(
   out = chief.out.read_text()
   assert f"restored checkpoint run/ckpt-{newest} at step {newest}" in out
   assert helpers.checkpoint_step(str(tmp_path / "run")) == newest + 100
+
+
+@pytest.mark.slow
+def test_several_models_train_on_parameter_servers(tmp_path):
+  # The conditional GAN: three models, three optimizers, their variables
+  # and slots on the ps, steps on the worker.
+  job = _Job(tmp_path, ["gin/digits_gan.gin",
+                        "gin/runtime/parameter_server.gin"], 1)
+  try:
+    job.servers()
+    chief = job.launch("chief", 0, 200)
+    assert chief.wait(timeout=TIMEOUT) == 0, chief.out.read_text()[-3000:]
+  finally:
+    job.close()
+  out = chief.out.read_text()
+  assert out.count("placement | /job:ps/task:0/device:CPU:0: ") == 3, out
+  # Nothing but the run's own lines: AutoGraph no longer converts the
+  # per-worker dataset function (it warned about scikit-learn's code).
+  assert "WARNING" not in out, out
+  assert helpers.checkpoint_step(str(tmp_path / "run")) == 200
+  names = tf.train.load_checkpoint(str(tmp_path / "run")
+                                   ).get_variable_to_shape_map()
+  assert {name.split("/")[1] for name in names
+          if name.startswith("optimizer/")} == {
+              "generator", "discriminator", "classifier"}
+  scalars = helpers.read_scalars(str(tmp_path / "run" / "train"))
+  assert scalars["learning_rate/classifier"][-1][1] == pytest.approx(1e-3)
+  assert scalars["learning_rate/generator"][-1][1] == pytest.approx(2e-4)

@@ -216,10 +216,15 @@ class DistributedInput:
     `InputContext` holds): so each worker keeps every `num_workers`-th of the
     examples the task returns, from its own index on. Workers shuffling with
     the same seed then read disjoint examples in every epoch.
+
+    The coordinator traces it in a `tf.function`; AutoGraph stays out of it:
+    `build_inputs` is Python that builds a pipeline (loading arrays, say,
+    with scikit-learn), and converting it only printed warnings.
     """
     if num_workers == 1:
-      return self.build
+      return tf.autograph.experimental.do_not_convert(self.build)
 
+    @tf.autograph.experimental.do_not_convert
     def dataset_fn() -> tf.data.Dataset:
       index = tf.distribute.coordinator.experimental_get_current_worker_index()
       return self.build(lambda examples: examples.shard(num_workers, index))
