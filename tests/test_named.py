@@ -3,7 +3,9 @@ shipped conditional GAN (generator, discriminator, classifier): built and
 checkpointed by name, resumed exactly, replica invariant, loss-scaled per
 optimizer, exported by name; and its mistakes, one line each."""
 
+import importlib.util
 import os
+import re
 
 import gin
 import numpy as np
@@ -251,29 +253,114 @@ def test_the_documented_two_optimizer_task_trains_as_written(tmp_path):
   assert loss[-1][1] < 2.0, loss
 
 
-class _WithCritic(digits_gan.DigitsConditionalGan):
-  """The GAN with a model added since its checkpoints were saved."""
+# A user's module: the GAN with a model added since its checkpoints were
+# saved (frozen: the GAN's step trains only its own three).
+_GAN_WITH_CRITIC = """
+import gin
+import tf_keras
+from tasks import digits_gan
+
+
+@gin.configurable
+class GanWithCritic(digits_gan.DigitsConditionalGan):
 
   def build_model(self):
     models = super().build_model()
     models["critic"] = tf_keras.Sequential(
         [tf_keras.Input((8, 8, 1)), tf_keras.layers.Flatten(),
          tf_keras.layers.Dense(1)])
+    models["critic"].trainable = False
     return models
+"""
 
 
-def test_a_checkpoint_from_before_a_model_was_added_is_one_line(tmp_path):
+def _with_critic(directory):
+  """Writes `_GAN_WITH_CRITIC` as `my_gan.py` in `directory` and returns
+  its Task class, imported from there."""
+  directory.mkdir()
+  path = directory / "my_gan.py"
+  path.write_text(_GAN_WITH_CRITIC)
+  spec = importlib.util.spec_from_file_location("my_gan", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.GanWithCritic
+
+
+def test_a_checkpoint_from_before_a_model_was_added_is_one_line(tmp_path,
+                                                                capsys):
   _run(tmp_path, train_steps=10)
+  with_critic = _with_critic(tmp_path / "user")
   before = helpers.snapshot(str(tmp_path))
-  with pytest.raises(errors.ConfigError,
-                     match=r"^checkpoint .*ckpt-10 does not fit this model: "
-                     r"it holds nothing of model\(s\) critic \(added to the "
-                     r"Task since it was saved\? it holds classifier, "
-                     r"discriminator, generator\): train in a new "
-                     r"--model_dir, and start the models it holds from it "
-                     r"with `warm_start.model`\.$"):
-    _run(tmp_path, task=_WithCritic(), train_steps=20)
+  old = str(tmp_path / "ckpt-10")
+  with pytest.raises(errors.ConfigError) as raised:
+    _run(tmp_path, task=with_critic(), train_steps=20)
+  assert str(raised.value) == (
+      f"checkpoint {old} does not fit this model: it holds nothing of "
+      "model(s) critic (added to the Task since it was saved? it holds "
+      "classifier, discriminator, generator): train in a new --model_dir, "
+      f"starting the models it holds from it: `warm_start.checkpoint = "
+      f"'{old}'`, `warm_start.model = ['classifier', 'discriminator', "
+      "'generator']`.")
   assert helpers.snapshot(str(tmp_path)) == before  # Nothing lost.
+
+  # As the line advises: the three models start where they were, the
+  # critic from its initialisers.
+  warm = trainer.experiment.config_lib.warm_start_lib.WarmStartConfig(
+      checkpoint=old, model=["classifier", "discriminator", "generator"])
+  task = with_critic()
+  models = task.build_model()
+  task.initialize(models, warm)
+  saved = tf.train.load_checkpoint(old)
+  for name in ("classifier", "discriminator", "generator"):
+    for variable in models[name].weights:
+      key = next(k for k in saved.get_variable_to_shape_map()
+                 if k.startswith(f"model/{name}/") and
+                 k.endswith(".ATTRIBUTES/VARIABLE_VALUE") and
+                 "OPTIMIZER_SLOT" not in k and
+                 saved.get_variable_to_shape_map()[k] == variable.shape and
+                 np.array_equal(saved.get_tensor(k), variable.numpy()))
+      assert key, (name, variable.name)
+  capsys.readouterr()
+  _run(tmp_path / "new", task=task, train_steps=10, warm_start=warm)
+  out = capsys.readouterr().out
+  for name in ("classifier", "discriminator", "generator"):
+    assert (f"warm start | model '{name}': the whole model from {old} "
+            f"(`model/{name}`)") in out
+  assert helpers.checkpoint_step(str(tmp_path / "new")) == 10
+
+
+
+
+def test_a_model_added_since_the_checkpoint_through_the_cli(tmp_path):
+  # A user's Task outside the repository adds a model to the shipped GAN
+  # and points train.py at the GAN's run: one line, which says how to go on.
+  (tmp_path / "my_gan.py").write_text(_GAN_WITH_CRITIC)
+  short = ["--mode=train", "--gin_param=trainer.train_steps=20",
+           "--gin_param=trainer.steps_per_loop=10",
+           "--gin_param=trainer.checkpoint_interval=10",
+           "--gin_param=trainer.summary_interval=10"]
+  gan = f"--gin_file={helpers.REPO_ROOT}/gin/digits_gan.gin"
+  first = helpers.run_cli([gan, *short, "--model_dir=runs/gan"],
+                          cwd=str(tmp_path))
+  assert first.returncode == 0, first.stderr[-3000:]
+  before = helpers.snapshot(str(tmp_path / "runs" / "gan"))
+  mine = [gan, "--gin_param=import my_gan",
+          "--gin_param=experiment.task = @GanWithCritic()", *short]
+  refused = helpers.run_cli([*mine, "--model_dir=runs/gan"],
+                            cwd=str(tmp_path))
+  assert refused.returncode == 2, refused.stderr[-3000:]
+  [line] = refused.stderr.splitlines()
+  assert line.startswith("train.py: error: checkpoint runs/gan/ckpt-20 does "
+                         "not fit this model: it holds nothing of model(s) "
+                         "critic"), line
+  assert helpers.snapshot(str(tmp_path / "runs" / "gan")) == before
+  advice = re.search(r"`(warm_start.checkpoint = .*)`, `(warm_start.model = "
+                     r".*)`\.$", line).groups()
+  resumed = helpers.run_cli(
+      [*mine, *[f"--gin_param={binding}" for binding in advice],
+       "--model_dir=runs/critic"], cwd=str(tmp_path))
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert resumed.stdout.count("warm start | model ") == 3, resumed.stdout
 
 
 def test_ema_averages_the_model_it_names(tmp_path):

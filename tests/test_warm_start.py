@@ -1,14 +1,22 @@
 """Warm start from another run's checkpoint: the whole model or named parts,
 only when training starts from scratch, with named mismatches."""
 
+import os
+import tempfile
+
 import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
 
+import gin
+
 import trainer
+from trainer import console
 from trainer import experiment
 from trainer import warm_start
+from tasks import digits
+from tasks import digits_gan
 
 import helpers
 
@@ -181,7 +189,7 @@ def test_variables_missing_from_the_checkpoint_are_named(source):
                        warm_start.WarmStartConfig(checkpoint=source))
   assert str(raised.value) == (
       f"warm start from {tf.train.latest_checkpoint(source)}: 2 variable(s) "
-      "of the whole model have no value there: extra/bias (2,), "
+      "of the whole model have no value under `model` there: extra/bias (2,), "
       "extra/kernel (1, 2).")
 
 
@@ -189,3 +197,73 @@ def test_modules_need_a_checkpoint():
   with pytest.raises(trainer.ConfigError,
                      match=r"^`warm_start.modules` needs `warm_start.check"):
     warm_start.WarmStartConfig(modules=["backbone"])
+
+
+@pytest.fixture(scope="module")
+def gan_run(tmp_path_factory):
+  """A 10-step run of the shipped GAN: a checkpoint of several models."""
+  model_dir = str(tmp_path_factory.mktemp("gan"))
+  gin.clear_config()
+  gin.parse_config(["optimizer.name = 'adam'"])
+  experiment.run(digits_gan.DigitsConditionalGan(), "train", model_dir,
+                 trainer.RuntimeConfig(seed=0), _config(train_steps=10))
+  gin.clear_config()
+  return model_dir
+
+
+def _classifier_of(run_dir):
+  """The GAN run's classifier weights, as a one-model checkpoint names
+  them."""
+  reader = tf.train.load_checkpoint(run_dir)
+  return {name: reader.get_tensor(f"model/classifier/{name[len('model/'):]}")
+          for name, _ in tf.train.list_variables(_one_model_layout())
+          if name.startswith("model/")}
+
+
+def _one_model_layout():
+  path = os.path.join(tempfile.mkdtemp(), "ckpt")
+  return tf.train.Checkpoint(
+      model=digits.DigitsClassification().build_model()).write(path)
+
+
+def _checkpointed(model):
+  path = os.path.join(tempfile.mkdtemp(), "ckpt")
+  reader = tf.train.load_checkpoint(tf.train.Checkpoint(model=model).write(
+      path))
+  return {name: reader.get_tensor(name)
+          for name, _ in tf.train.list_variables(path)
+          if name.startswith("model/")}
+
+
+def test_a_model_of_a_several_model_run_is_named_by_its_key(gan_run,
+                                                           capsys):
+  # A distillation's teacher (the digits CNN) from a GAN run's classifier.
+  teacher = digits.DigitsClassification().build_model()
+  with pytest.raises(trainer.ConfigError) as raised:
+    warm_start.restore(teacher, warm_start.WarmStartConfig(
+        checkpoint=gan_run, model="teacher"))
+  assert str(raised.value).endswith(
+      "; `model` there holds classifier, discriminator, generator: set "
+      "`warm_start.checkpoint_key` to 'model/<name>' of the one 'teacher' "
+      "starts from.")
+  warm_start.restore(teacher, warm_start.WarmStartConfig(
+      checkpoint=gan_run, model="teacher", checkpoint_key="model/classifier"))
+  assert (f"warm start | model 'teacher': the whole model from "
+          f"{tf.train.latest_checkpoint(gan_run)} (`model/classifier`)"
+          ) in capsys.readouterr().out
+  expected = _classifier_of(gan_run)
+  restored = _checkpointed(teacher)
+  assert sorted(restored) == sorted(expected)
+  for name, value in restored.items():
+    np.testing.assert_array_equal(value, expected[name], name)
+
+
+def test_a_model_of_the_same_name_is_found_in_a_several_model_run(gan_run):
+  # A GAN with a model added since: its classifier from the old run, with
+  # `warm_start.model` alone, as the refused restore's line advises.
+  classifier = digits.DigitsClassification().build_model()
+  warm_start.restore(classifier, warm_start.WarmStartConfig(
+      checkpoint=gan_run, model="classifier"))
+  expected = _classifier_of(gan_run)
+  for name, value in _checkpointed(classifier).items():
+    np.testing.assert_array_equal(value, expected[name], name)

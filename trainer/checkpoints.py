@@ -196,10 +196,12 @@ def _missing_models(checkpoint: tf.train.Checkpoint,
   missing = [name for name in models if name not in saved]
   if not missing:
     return None
+  held = sorted(saved)
   return (f"it holds nothing of model(s) {', '.join(missing)} (added to the "
-          f"Task since it was saved? it holds {', '.join(sorted(saved))}): "
-          "train in a new --model_dir, and start the models it holds from it "
-          "with `warm_start.model`")
+          f"Task since it was saved? it holds {', '.join(held)}): train in a "
+          "new --model_dir, starting the models it holds from it: "
+          f"`warm_start.checkpoint = '{path}'`, `warm_start.model = "
+          f"{[name for name in held if name in models]!r}`")
 
 
 def restore(manager: tf.train.CheckpointManager,
@@ -279,12 +281,13 @@ def _restore_one(checkpoint: tf.train.Checkpoint, path: str,
         name: child for name, child in children.items()
         if name not in (INPUT_POSITION, "save_counter")})
   status = checkpoint.restore(path)
-  if partial:
-    status.expect_partial()
-  else:
+  # Marked first: a status that fails the check below would otherwise log
+  # every value it left unread when it is collected (at exit, say).
+  status.expect_partial()
+  if not partial:
     # Everything built must match; optimizer slots not built yet are filled
     # when the first step creates them (deferred restoration).
-    status.assert_existing_objects_matched().expect_partial()
+    status.assert_existing_objects_matched()
   return position_restored
 
 

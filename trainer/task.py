@@ -7,6 +7,7 @@ across replicas, the global step, checkpoints and summaries. Hook names follow
 Model Garden's `official.core.base_task.Task`, so its users recognise them.
 """
 
+import dataclasses
 import functools
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -125,16 +126,16 @@ class Task:
     scratch (a restarted run restores its own checkpoint instead).
 
     The default loads `warm_start` (gin's `warm_start.*`) if it names a
-    checkpoint, into the model `warm_start.model` names where there are
-    several. An override should call `super().initialize(...)` to keep
+    checkpoint, into the model (or each of the models) `warm_start.model`
+    names where there are several. An override should call `super().initialize(...)` to keep
     warm starts working.
     """
     if warm_start is None or warm_start.checkpoint is None:
       return
-    named.check_choice("warm_start.model", warm_start.model, model)
-    warm_start_lib.restore(
-        model[warm_start.model] if named.several(model) else model,
-        warm_start)
+    for name in warm_start.models:
+      named.check_choice("warm_start.model", name, model)
+      warm_start_lib.restore(model[name] if named.several(model) else model,
+                             dataclasses.replace(warm_start, model=name))
 
   def export_signatures(self, model: tf_keras.Model,
                         features_spec) -> exports.Signatures:

@@ -11,7 +11,7 @@ Sequential models), as Model Garden's `init_checkpoint_modules` does.
 import dataclasses
 import os
 import re
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import gin
 import tensorflow as tf
@@ -36,21 +36,47 @@ class WarmStartConfig:
     modules: What to take from it: empty for the whole model, or sub-modules
       by attribute path (`backbone`, `backbone.stem`) or layer name; the
       other weights keep their initial values.
-    checkpoint_key: The model's name in the checkpoint: `model` in this
-      framework's and Model Garden's checkpoints (`model/<name>` for one of
-      several there), '' in one written by `model.save_weights`.
+    checkpoint_key: The model's path in the checkpoint: `model` in this
+      framework's and Model Garden's checkpoints, `model/<name>` for one of
+      several there (a GAN run's `model/classifier`), '' in one written by
+      `model.save_weights`. Left at `model` with `model` set, a checkpoint
+      holding several models, one of them named `model`, is read at
+      `model/<model>`.
     model: With several models (`trainer.named`), the one initialised (a
-      distillation's teacher from its own run, say).
+      distillation's teacher from its own run, say), or a list of them, each
+      read at `model/<name>` of a checkpoint of several models (the models
+      a run held before one was added).
   """
   checkpoint: Optional[str] = None
   modules: Sequence[str] = ()
   checkpoint_key: str = "model"
-  model: Optional[str] = None
+  model: Union[None, str, Sequence[str]] = None
 
   def __post_init__(self):
     object.__setattr__(self, "modules", tuple(self.modules))
     checks.require(not self.modules or self.checkpoint is not None,
                    "`warm_start.modules` needs `warm_start.checkpoint`.")
+    if self.model is not None and not isinstance(self.model, str):
+      names = (tuple(self.model)
+               if isinstance(self.model, (list, tuple)) else ())
+      checks.require(
+          bool(names) and all(isinstance(name, str) for name in names),
+          f"`warm_start.model` ({self.model!r}) must be a model's name or a "
+          "list of them.")
+      checks.require(
+          len(names) == 1 or self.checkpoint_key == "model",
+          f"`warm_start.checkpoint_key` ({self.checkpoint_key!r}) names one "
+          f"model's place in the checkpoint, but `warm_start.model` names "
+          f"{len(names)}: start them in one warm start each from `model/"
+          "<name>`, or leave the key at 'model'.")
+      object.__setattr__(self, "model", names[0] if len(names) == 1 else names)
+
+  @property
+  def models(self) -> Tuple[Optional[str], ...]:
+    """The models initialised: `(None,)` where the Task builds one."""
+    if self.model is None or isinstance(self.model, str):
+      return (self.model,)
+    return tuple(self.model)
 
 
 def resolve_checkpoint(path: str) -> str:
@@ -119,6 +145,37 @@ def _partial_graph(model: tf_keras.Model, modules: Sequence[str]):
   return build(tree)
 
 
+def _children_at(prefix: str, key: str) -> List[str]:
+  """The names directly under `key` in checkpoint `prefix`'s variables."""
+  start = f"{key}/" if key else ""
+  return sorted({name[len(start):].split("/")[0]
+                 for name, _ in tf.train.list_variables(prefix)
+                 if name.startswith(start)})
+
+
+def _source_key(config: WarmStartConfig, prefix: str) -> str:
+  """Where the initialised model is in the checkpoint: `checkpoint_key`,
+  or `model/<config.model>` in a checkpoint of several models with one of
+  that name, where the key is left at `model`."""
+  if (config.model and config.checkpoint_key == "model"
+      and config.model in _children_at(prefix, "model")):
+    return f"model/{config.model}"
+  return config.checkpoint_key
+
+
+def _several_models_hint(config: WarmStartConfig, key: str,
+                         prefix: str) -> str:
+  """Where `key` holds several models (none the one named), says which and
+  how to pick one; else ''."""
+  children = _children_at(prefix, key)
+  if not config.model or not children or any(
+      re.fullmatch(r"layer(_with_weights)?-\d+", child) for child in children):
+    return ""  # Nothing there, or one Keras model's layers.
+  return (f"; `{key}` there holds {', '.join(children)}: set "
+          f"`warm_start.checkpoint_key` to '{key}/<name>' of the one "
+          f"'{config.model}' starts from")
+
+
 def _unmatched_variables(error: AssertionError) -> List[str]:
   return sorted(f"{name} {shape}"
                 for name, shape in _VARIABLE.findall(str(error)))
@@ -138,9 +195,10 @@ def restore(model: tf_keras.Model, config: WarmStartConfig) -> Optional[str]:
   if config.checkpoint is None:
     return None
   prefix = resolve_checkpoint(config.checkpoint)
-  part = _partial_graph(model, config.modules)
-  root = (tf.train.Checkpoint(**{config.checkpoint_key: part})
-          if config.checkpoint_key else part)
+  key = _source_key(config, prefix)
+  root = _partial_graph(model, config.modules)
+  for name in reversed(key.split("/") if key else []):
+    root = tf.train.Checkpoint(**{name: root})
   what = ", ".join(config.modules) or "the whole model"
   if config.model:
     what = f"model '{config.model}': {what}"
@@ -152,13 +210,15 @@ def restore(model: tf_keras.Model, config: WarmStartConfig) -> Optional[str]:
     missing = _unmatched_variables(e)
     raise errors.ConfigError(
         f"warm start from {prefix}: {len(missing)} variable(s) of {what} "
-        f"have no value there: {', '.join(missing[:5])}"
-        f"{', ...' if len(missing) > 5 else ''}.") from e
+        f"have no value under `{key}` there: {', '.join(missing[:5])}"
+        f"{', ...' if len(missing) > 5 else ''}"
+        f"{_several_models_hint(config, key, prefix)}.") from e
   except ValueError as e:
     mismatch = checkpoints.shape_mismatch(e)
     if not mismatch:
       raise
     raise errors.ConfigError(
         f"warm start from {prefix}: {mismatch}.") from e
-  console.info(f"warm start | {what} from {prefix}")
+  source = f" (`{key}`)" if key != "model" else ""
+  console.info(f"warm start | {what} from {prefix}{source}")
   return prefix
