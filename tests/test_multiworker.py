@@ -13,19 +13,20 @@ import sys
 import time
 
 import pytest
+import tensorflow as tf
 
 import helpers
 
 TIMEOUT = 240
 
 
-def _start_workers(model_dir, *extra):
+def _start_workers(model_dir, *extra, gin_file="gin/digits.gin"):
   hosts = ",".join(f"127.0.0.1:{port}" for port in helpers.free_ports(2))
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   env.pop("TF_CONFIG", None)
   workers = []
   for index in range(2):
-    args = [sys.executable, helpers.TRAIN_PY, "--gin_file=gin/digits.gin",
+    args = [sys.executable, helpers.TRAIN_PY, f"--gin_file={gin_file}",
             '--gin_param=runtime.distribution_strategy="multi_worker_mirrored"',
             f'--gin_param=runtime.worker_hosts="{hosts}"',
             f"--gin_param=runtime.task_index={index}",
@@ -77,6 +78,26 @@ def test_two_workers_train_digits_in_sync(tmp_path):
   # The other worker saved into a temporary directory, since removed.
   other_dir = re.search(r"saved checkpoint (\S+)/ckpt-300", other).group(1)
   assert other_dir != str(model_dir) and not os.path.exists(other_dir)
+
+
+@pytest.mark.slow
+def test_two_workers_train_several_models_in_sync(tmp_path):
+  # The conditional GAN: three models and optimizers, each update summed
+  # over both workers' replicas by `trainer.minimize`.
+  model_dir = tmp_path / "run"
+  outputs = helpers.finish(_start_workers(
+      model_dir, "--gin_param=trainer.train_steps=200",
+      "--gin_param=trainer.validation_interval=0", "--mode=train",
+      gin_file="gin/digits_gan.gin"))
+  for returncode, stdout, stderr in outputs:
+    assert returncode == 0, stderr[-3000:]
+  (_, chief, _), (_, other, _) = outputs
+  assert _fingerprint(chief) == _fingerprint(other)
+  assert "2 replicas" in chief, chief
+  names = tf.train.load_checkpoint(str(model_dir)).get_variable_to_shape_map()
+  assert {name.split("/")[1] for name in names
+          if name.startswith("optimizer/")} == {
+              "generator", "discriminator", "classifier"}
 
 
 @pytest.mark.slow
