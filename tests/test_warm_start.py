@@ -2,6 +2,7 @@
 only when training starts from scratch, with named mismatches."""
 
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -267,3 +268,24 @@ def test_a_model_of_the_same_name_is_found_in_a_several_model_run(gan_run):
   expected = _classifier_of(gan_run)
   for name, value in _checkpointed(classifier).items():
     np.testing.assert_array_equal(value, expected[name], name)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(model=[]),
+     "`warm_start.model` ([]) must be a model's name or a list of them."),
+    (dict(model=3),
+     "`warm_start.model` (3) must be a model's name or a list of them."),
+    (dict(model=["student", "teacher"], checkpoint_key="model/classifier"),
+     "`warm_start.checkpoint_key` ('model/classifier') is one model's place "
+     "in the checkpoint, but `warm_start.model` names 2: leave the key at "
+     "'model', where each is read at `model/<name>`."),
+])
+def test_bad_model_choices_are_one_line(settings, message):
+  # (Gin appends the configurable it called; the CLI prints the first line.)
+  with pytest.raises(trainer.ConfigError, match=f"^{re.escape(message)}\n"):
+    warm_start.WarmStartConfig(checkpoint="runs/x", **settings)
+
+
+def test_one_model_in_a_list_is_that_model():
+  config = warm_start.WarmStartConfig(checkpoint="runs/x", model=["teacher"])
+  assert config.model == "teacher" and config.models == ("teacher",)

@@ -127,8 +127,8 @@ class Task:
 
     The default loads `warm_start` (gin's `warm_start.*`) if it names a
     checkpoint, into the model (or each of the models) `warm_start.model`
-    names where there are several. An override should call `super().initialize(...)` to keep
-    warm starts working.
+    names where there are several. An override should call
+    `super().initialize(...)` to keep warm starts working.
     """
     if warm_start is None or warm_start.checkpoint is None:
       return

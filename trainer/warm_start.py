@@ -65,10 +65,10 @@ class WarmStartConfig:
           "list of them.")
       checks.require(
           len(names) == 1 or self.checkpoint_key == "model",
-          f"`warm_start.checkpoint_key` ({self.checkpoint_key!r}) names one "
+          f"`warm_start.checkpoint_key` ({self.checkpoint_key!r}) is one "
           f"model's place in the checkpoint, but `warm_start.model` names "
-          f"{len(names)}: start them in one warm start each from `model/"
-          "<name>`, or leave the key at 'model'.")
+          f"{len(names)}: leave the key at 'model', where each is read at "
+          "`model/<name>`.")
       object.__setattr__(self, "model", names[0] if len(names) == 1 else names)
 
   @property
