@@ -331,6 +331,7 @@ def test_a_checkpoint_from_before_a_model_was_added_is_one_line(tmp_path,
 
 
 
+@pytest.mark.slow
 def test_a_model_added_since_the_checkpoint_through_the_cli(tmp_path):
   # A user's Task outside the repository adds a model to the shipped GAN
   # and points train.py at the GAN's run: one line, which says how to go on.
