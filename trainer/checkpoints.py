@@ -181,6 +181,15 @@ def _mismatch(error: Exception) -> Optional[str]:
   return None
 
 
+def children_at(path: str, key: str) -> List[str]:
+  """The names directly under `key` (a path such as `model`, '' for the
+  root) among the variables of checkpoint `path`, sorted."""
+  start = f"{key}/" if key else ""
+  return sorted({name[len(start):].split("/")[0]
+                 for name, _ in tf.train.list_variables(path)
+                 if name.startswith(start)})
+
+
 def _missing_models(checkpoint: tf.train.Checkpoint,
                     path: str) -> Optional[str]:
   """Names the models of a Task with several that `path` holds nothing of
@@ -189,8 +198,7 @@ def _missing_models(checkpoint: tf.train.Checkpoint,
   if not isinstance(models, collections.abc.Mapping):
     return None
   try:
-    saved = {name.split("/")[1] for name, _ in tf.train.list_variables(path)
-             if name.startswith("model/")}
+    saved = set(children_at(path, "model"))
   except (tf.errors.OpError, ValueError):
     return None
   missing = [name for name in models if name not in saved]

@@ -145,20 +145,12 @@ def _partial_graph(model: tf_keras.Model, modules: Sequence[str]):
   return build(tree)
 
 
-def _children_at(prefix: str, key: str) -> List[str]:
-  """The names directly under `key` in checkpoint `prefix`'s variables."""
-  start = f"{key}/" if key else ""
-  return sorted({name[len(start):].split("/")[0]
-                 for name, _ in tf.train.list_variables(prefix)
-                 if name.startswith(start)})
-
-
 def _source_key(config: WarmStartConfig, prefix: str) -> str:
   """Where the initialised model is in the checkpoint: `checkpoint_key`,
   or `model/<config.model>` in a checkpoint of several models with one of
   that name, where the key is left at `model`."""
   if (config.model and config.checkpoint_key == "model"
-      and config.model in _children_at(prefix, "model")):
+      and config.model in checkpoints.children_at(prefix, "model")):
     return f"model/{config.model}"
   return config.checkpoint_key
 
@@ -167,7 +159,7 @@ def _several_models_hint(config: WarmStartConfig, key: str,
                          prefix: str) -> str:
   """Where `key` holds several models (none the one named), says which and
   how to pick one; else ''."""
-  children = _children_at(prefix, key)
+  children = checkpoints.children_at(prefix, key)
   if not config.model or not children or any(
       re.fullmatch(r"layer(_with_weights)?-\d+", child) for child in children):
     return ""  # Nothing there, or one Keras model's layers.
