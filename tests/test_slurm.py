@@ -231,10 +231,28 @@ def _fingerprints(text):
 
 
 def _job(env, job_id, fields="%T %r"):
-  """squeue's `STATE REASON` of the job, or '' once it has left the queue."""
-  return subprocess.run(["squeue", "-h", "-j", job_id, "-o", fields],
-                        env=env, capture_output=True, text=True,
-                        timeout=30).stdout.strip()
+  """squeue's `STATE REASON` of the job, or '' once it has left the queue.
+
+  squeue fails now and then while slurmctld is busy (`Socket timed out on
+  send/recv operation`) and prints nothing: that is asked again, never taken
+  for a job that has ended."""
+  for attempt in range(30):
+    listed = subprocess.run(["squeue", "-h", "-j", job_id, "-o", fields],
+                            env=env, capture_output=True, text=True,
+                            timeout=30)
+    if listed.returncode == 0:
+      return listed.stdout.strip()
+    time.sleep(1)
+  raise AssertionError(f"squeue failed {attempt + 1} times: {listed.stderr}")
+
+
+def _final_state(env, job_id):
+  """`JobState=... ExitCode=...` of a job, from `scontrol show job` (slurmctld
+  keeps a finished job MinJobAge, 300 s), for an assertion's message."""
+  shown = subprocess.run(["scontrol", "show", "job", job_id], env=env,
+                         capture_output=True, text=True, timeout=30)
+  return " ".join(re.findall(r"\b(?:JobState|Reason|ExitCode)=\S+",
+                             shown.stdout)) or shown.stderr.strip()
 
 
 def _sbatch(env, output, *args, options=()):
@@ -248,9 +266,15 @@ def _sbatch(env, output, *args, options=()):
 
 
 def _release_until_done(env, job_id, timeout):
-  """Waits for the job to leave the queue, starting it again at once each
-  time a requeue left it pending for its begin time; returns the number
-  of releases."""
+  """Waits for the job to leave the queue, starting it again each time a
+  requeue left it pending for its begin time; returns the number of
+  releases.
+
+  SLURM holds a requeued job back for the credential lifetime (120 s)
+  because a requeue revokes the job's credentials, to the second: a job
+  started again within the second of its requeue is killed at once (`Job
+  credential revoked` in slurmctld's log, the batch script never runs).
+  So the release waits 2 s, not the whole lifetime."""
   deadline, releases = time.time() + timeout, 0
   while True:
     state = _job(env, job_id)
@@ -258,6 +282,7 @@ def _release_until_done(env, job_id, timeout):
       return releases
     assert time.time() < deadline, f"job {job_id} still {state}"
     if state == "PENDING BeginTime":
+      time.sleep(2)
       subprocess.run(["scontrol", "update", f"jobid={job_id}",
                       "StartTime=now"], env=env, check=True, timeout=30)
       releases += 1
@@ -351,7 +376,8 @@ def test_a_requeued_job_resumes_bit_identical(slurm_env, uninterrupted,
   assert 0 < step < LONG_STEPS
   assert f"restored checkpoint {model_dir}/ckpt-{step} at step {step}" in text
   assert f"job {job} run 2 on " in text
-  assert _fingerprints(text) == [uninterrupted, uninterrupted]
+  assert _fingerprints(text) == [uninterrupted, uninterrupted], (
+      f"{_final_state(slurm_env, job)}\n{text[-3000:]}")
   assert time.time() - requeued < 300
 
 
@@ -378,7 +404,8 @@ def test_the_time_limit_warning_checkpoints_and_requeues(slurm_env,
   assert releases >= 1 and len(chief_stops) == releases, text[-3000:]
   assert other_stops == chief_stops  # Both tasks stopped at the same step.
   assert "DUE TO TIME LIMIT" not in text
-  assert _fingerprints(text) == [uninterrupted, uninterrupted]
+  assert _fingerprints(text) == [uninterrupted, uninterrupted], (
+      f"{_final_state(slurm_env, job)}\n{text[-3000:]}")
 
 
 @pytest.mark.parametrize("tasks, args, prefix, message", [
