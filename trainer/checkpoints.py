@@ -198,13 +198,12 @@ def _missing_models(checkpoint: tf.train.Checkpoint,
   if not isinstance(models, collections.abc.Mapping):
     return None
   try:
-    saved = set(children_at(path, "model"))
+    held = children_at(path, "model")
   except (tf.errors.OpError, ValueError):
     return None
-  missing = [name for name in models if name not in saved]
+  missing = [name for name in models if name not in held]
   if not missing:
     return None
-  held = sorted(saved)
   return (f"it holds nothing of model(s) {', '.join(missing)} (added to the "
           f"Task since it was saved? it holds {', '.join(held)}): train in a "
           "new --model_dir, starting the models it holds from it: "
