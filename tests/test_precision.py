@@ -19,8 +19,8 @@ def _digits_config(**overrides):
 
 
 # float16 convolutions have no fast CPU kernels: that run takes ~4 minutes.
-@pytest.mark.parametrize("dtype", [
-    pytest.param("float16", marks=pytest.mark.slow), "bfloat16"])
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_mixed_precision_digits_reaches_the_bar(tmp_path, dtype):
   output = experiment.run(
       digits.DigitsClassification(), "train_and_eval", str(tmp_path),

@@ -21,7 +21,8 @@ def _fingerprint(process):
   return process.wait_for(r"weights fingerprint (\w+)", 5).group(1)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [
+    signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
 def test_signal_saves_exits_42_and_resumes_exactly(tmp_path, signum):
   model_dir = tmp_path / "run"
   run = helpers.TrainProcess(

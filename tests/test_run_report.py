@@ -19,6 +19,7 @@ def test_results_are_formatted_like_the_summary():
            "accuracy 0.9944 | bad nan | loss 0.0198 | samples [80x80x1]")
 
 
+@pytest.mark.slow
 def test_a_digits_run_says_what_it_is_and_what_it_left(tmp_path):
   args = ["--gin_file=gin/digits.gin", "--model_dir=runs/d",
           "--gin_param=trainer.train_steps=200",

@@ -43,6 +43,7 @@ def _commands():
   return commands
 
 
+@pytest.mark.slow
 def test_every_entry_point_has_help(tmp_path):
   env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
   # Started together: each spends its seconds importing TensorFlow.
