@@ -11,6 +11,7 @@ import pytest
 import helpers
 
 
+@pytest.mark.slow
 def test_reports_pipeline_training_and_cached_rates():
   result = subprocess.run(
       [sys.executable, "scripts/benchmark_input.py", "gin/cifar10.gin",

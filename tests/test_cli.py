@@ -478,6 +478,7 @@ def test_warm_start_file_requires_its_checkpoint():
     gin_config.load_config([DIGITS, "gin/features/warm_start.gin"], [])
 
 
+@pytest.mark.slow
 def test_features_together_through_the_command_line(tmp_path):
   result = helpers.run_cli([
       f"--gin_file={DIGITS}", "--gin_file=gin/features/sgd_cosine_warmup.gin",

@@ -145,6 +145,7 @@ def test_settings_that_cannot_work_are_one_line(settings, message):
   assert str(raised.value).splitlines()[0] == message
 
 
+@pytest.mark.slow
 def test_the_server_script_stops_on_sigterm_and_names_a_busy_port():
   no_port = subprocess.run([sys.executable, SCRIPT], cwd=helpers.REPO_ROOT,
                            capture_output=True, text=True, timeout=60)
@@ -206,6 +207,7 @@ def test_only_a_dispatcher_answers_as_one():
       f"scripts/data_service.py --port={worker_port}")
 
 
+@pytest.mark.slow
 def test_a_worker_waits_for_its_dispatcher_and_gives_up_in_one_line():
   dispatcher_port, worker_port = helpers.free_ports(2)
   # Started first, it waits, saying so, and serves once the dispatcher is up.

@@ -141,6 +141,7 @@ def test_killed_worker_stops_the_other_and_both_resume(tmp_path):
   assert _fingerprint(straight[0][1]) == _fingerprint(outputs[0][1])
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_worker_stops_both_at_the_same_step(tmp_path):
   model_dir = tmp_path / "run"
   workers = _start_workers(model_dir, "--gin_param=trainer.train_steps=100000",

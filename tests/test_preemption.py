@@ -59,6 +59,7 @@ def test_signal_saves_exits_42_and_resumes_exactly(tmp_path, signum):
   assert _fingerprint(resumed) == _fingerprint(straight)
 
 
+@pytest.mark.slow
 def test_exit_code_is_configurable(tmp_path):
   run = helpers.TrainProcess(
       DIGITS + ["--gin_param=trainer.train_steps=100000",

@@ -118,6 +118,7 @@ def _assert_step_8_intact(model_dir):
   assert helpers.checkpoint_numbers(str(model_dir / "ckpt-8"))
 
 
+@pytest.mark.slow
 def test_sigterm_while_the_input_blocks_exits_after_the_grace_period(
     tmp_path, faulty_gin):
   model_dir = tmp_path / "run"

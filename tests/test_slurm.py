@@ -492,6 +492,7 @@ def _hostname():
                         check=True).stdout.strip()
 
 
+@pytest.mark.slow
 def test_a_grace_period_past_killwait_is_said_at_start(slurm_env, tmp_path):
   # The local cluster keeps SLURM's default KillWait, 30 s.
   result = _srun(slurm_env, 1, [
