@@ -15,6 +15,7 @@ clips the gradients it has summed over replicas and micro-batches (see
 """
 
 import dataclasses
+import re
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 import gin
@@ -291,12 +292,26 @@ class Settings:
   def scoped(cls, name: str, train_steps: int) -> "Settings":
     """The settings gin binds under the scope `name` (over the unscoped
     ones): `name/optimizer.*`, `name/learning_rate.*`."""
-    with gin.config_scope(name):
-      return cls(OptimizerConfig(), ScheduleConfig(), train_steps, name)
+    try:
+      with gin.config_scope(name):
+        return cls(OptimizerConfig(), ScheduleConfig(), train_steps, name)
+    except errors.ConfigError as e:
+      raise errors.ConfigError(_scoped_message(name, e)) from None
 
   def build(self) -> tf_keras.optimizers.legacy.Optimizer:
     """Builds the optimizer with its schedule; call inside the scope."""
     return build_optimizer(self.optimizer, self.schedule, self.train_steps)
+
+
+def _scoped_message(scope: str, error: errors.ConfigError) -> str:
+  """`error`'s line, naming the setting as bound: `generator/optimizer.name`
+  where the scope binds it. (Gin appends an "In call to configurable ...
+  in scope" line, which is dropped.)"""
+  line = str(error).splitlines()[0]
+  found = re.match(r"`(optimizer|learning_rate)\.(\w+)`", line)
+  if found and found.group(2) in scoped_bindings(scope, found.group(1)):
+    line = f"`{scope}/{line[1:]}"
+  return line
 
 
 def wrappers(optimizer: Optional[tf_keras.optimizers.Optimizer]
