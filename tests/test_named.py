@@ -202,6 +202,17 @@ def test_mistakes_with_several_models_are_one_line(tmp_path, bindings, task,
     (["ema.decay = 0.999"],
      "the Task builds several models (generator, discriminator, "
      "classifier): set `ema.model` to the one it applies to."),
+    # Export off: a bound name is checked all the same.
+    (["export.model = 'generatr'"],
+     "`export.model` ('generatr') names no model of the Task; its models "
+     "are generator, discriminator, classifier."),
+    # A model's own optimizer setting is named with its scope.
+    (["generator/optimizer.name = 'adamm'"],
+     "`generator/optimizer.name` ('adamm') must be one of: sgd, adam, "
+     "adamw, lamb, lars, rmsprop, adagrad."),
+    (["generator/optimizer.learning_rate = -1.0"],
+     "`generator/optimizer.learning_rate` (-1.0) must be a positive "
+     "number."),
 ])
 def test_mistakes_with_several_models_are_one_line_from_the_cli(
     tmp_path, params, message):

@@ -224,7 +224,8 @@ def _build(task: task_lib.Task, mode: str,
       task, strategy, (train_input or eval_input).dataset.element_spec,
       config, runtime, training=training, replica_factor=replica_factor)
   _report_placement(state)
-  if config.export.at_end or config.export.best:
+  if (config.export.at_end or config.export.best or
+      config.export.model is not None):  # A bound name is checked, used or not.
     named.check_choice("export.model", config.export.model, state.model)
   parts = _Parts(
       task=task, config=config, runtime=runtime, worker=worker,
