@@ -322,6 +322,25 @@ def test_an_error_importing_the_users_module_names_its_type_and_line(
   assert not (project / "run").exists()
 
 
+@pytest.mark.parametrize("source,line,cause", [
+    ("import gin\nSTEPS = [1, 2\n", 2, "'[' was never closed"),
+    ("import gin\n  STEPS = 1\n", 2, "unexpected indent"),
+], ids=["unclosed", "indent"])
+def test_a_syntax_error_in_the_users_module_is_pythons_not_gins(
+    tmp_path, source, line, cause):
+  project = tmp_path / "project"
+  project.mkdir()
+  (project / "bad_mod.py").write_text(source)
+  (project / "my.gin").write_text("import bad_mod\n")
+  result = helpers.run_cli(["--gin_file=my.gin", "--model_dir=run"],
+                           cwd=str(project))
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [
+      f"train.py: error: in bad_mod (bad_mod.py:{line}, at import): Python "
+      f"syntax error: {cause}"]
+  assert not (project / "run").exists()
+
+
 def _run_with_mistake(tmp_path, correct, mistaken):
   """Trains the documented Task with `correct` replaced by `mistaken`, in
   a new project directory; returns it and the finished run."""

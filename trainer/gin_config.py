@@ -98,6 +98,11 @@ def _one_line(error: BaseException) -> str:
       # `x = MyTask()`: gin values are literals or `@references`.
       text = (f"`{bare.group(1)}` is not a value: write `@{bare.group(1)}()` "
               "for an instance of a configurable, or quote a string")
+    if (error.filename or "").endswith(".py"):  # A module the config imports.
+      module = os.path.splitext(os.path.basename(error.filename))[0]
+      where = f"{user_errors.display_path(error.filename)}:{error.lineno}"
+      return (f"{_config_location(error)}in {module} ({where}, at import): "
+              f"Python syntax error: {text}")
     if error.filename:
       return f"{error.filename}:{error.lineno}: gin syntax error: {text}"
     where = f" in {error.text.strip()!r}" if (error.text or "").strip() else ""

@@ -187,7 +187,8 @@ def _enclosing_names(filename: str, lineno: int) -> List[str]:
           for scope in (_scopes_at(tree, lineno) if tree else [])]
 
 
-def _display_path(filename: str) -> str:
+def display_path(filename: str) -> str:
+  """`filename` relative to the working directory where it lies below it."""
   relative = os.path.relpath(os.path.abspath(filename))
   return filename if relative.startswith(os.pardir) else relative
 
@@ -197,7 +198,7 @@ def _place(stack: Sequence[Frame], i: int) -> str:
   `function (file:line, called from hook)` when the function is not written
   inside a hook."""
   frame = stack[i]
-  where = f"{_display_path(frame.filename)}:{frame.lineno}"
+  where = f"{display_path(frame.filename)}:{frame.lineno}"
   names = _enclosing_names(frame.filename, frame.lineno) or [frame.name]
   if names == ["<module>"]:  # Raised while the module is imported.
     module = os.path.splitext(os.path.basename(frame.filename))[0]
