@@ -26,6 +26,9 @@ DIGITS = "gin/digits.gin"
     ([DIGITS], ["DigitsClasification.filters=8"],
      "--gin_param: No configurable matching 'DigitsClasification' "
      "(did you mean 'DigitsClassification'?)"),
+    ([DIGITS], ["experiment.task=@DigitsClasification()"],
+     "--gin_param: No configurable matching reference "
+     "'@DigitsClasification()' (did you mean 'DigitsClassification'?)"),
     ([DIGITS], ["trainer.train_steps="],
      "--gin_param: gin syntax error: Unable to parse value"),
     ([DIGITS], ['trainer.train_steps="abc"'],

@@ -61,7 +61,8 @@ def _parameter_names(configurable_name: str) -> List[str]:
 def _suggestion(message: str) -> str:
   """Returns ' (did you mean ...?)' for an unknown gin name, or ''."""
   candidates, wrong = [], None
-  match = re.search(r"No configurable matching '([^']+)'", message)
+  match = (re.search(r"No configurable matching '([^']+)'", message) or
+           re.search(r"No configurable matching reference '@([^'(]+)", message))
   if match:
     wrong = match.group(1)
     names = _registered_configurables()
