@@ -407,6 +407,7 @@ def test_dry_run_checks_everything_and_touches_nothing(trained_dirs,
   assert "runtime.distribution_strategy = 'default'" in result.stdout
   assert (f"dry run | ok: one train step (from the checkpoint at step 100 in "
           f"{model_dir}) and one eval step ran") in result.stdout
+  assert "steps_per_second" not in result.stdout  # Orbit's, not a result.
   assert helpers.snapshot(str(model_dir)) == before
 
   # The configured model must fit the checkpoint it would resume from.

@@ -19,6 +19,13 @@ def test_results_are_formatted_like_the_summary():
            "accuracy 0.9944 | bad nan | loss 0.0198 | samples [80x80x1]")
 
 
+def test_orbits_evaluation_speed_is_not_a_result():
+  # Orbit adds it to a fixed-length evaluation's output (`--dry_run` runs
+  # one step); the eval summaries keep it, the result lines do not.
+  assert run_report.format_results(
+      {"accuracy": 0.5, "steps_per_second": 1.5896}) == "accuracy 0.5000"
+
+
 @pytest.mark.slow
 def test_a_digits_run_says_what_it_is_and_what_it_left(tmp_path):
   args = ["--gin_file=gin/digits.gin", "--model_dir=runs/d",

@@ -33,10 +33,16 @@ def format_value(value: Any) -> str:
   return f"[{'x'.join(str(d) for d in array.shape)}]"
 
 
+# Orbit's evaluation speed, which the eval summaries keep: not a result.
+_NOT_RESULTS = frozenset({"steps_per_second"})
+
+
 def format_results(results: Mapping[str, Any]) -> str:
-  """Evaluation results as `name value | ...`, in name order."""
+  """Evaluation results as `name value | ...`, in name order (Orbit's
+  `steps_per_second` left out)."""
   return " | ".join(f"{name} {format_value(value)}"
-                    for name, value in sorted(results.items()))
+                    for name, value in sorted(results.items())
+                    if name not in _NOT_RESULTS)
 
 
 def _device_names(strategy: tf.distribute.Strategy) -> str:
