@@ -243,8 +243,8 @@ def test_sigint_during_the_final_evaluation_exits_at_once(tmp_path,
     run.close()
   assert time.time() - sent < 5
   assert returncode == 42, run.stderr[-2000:]
-  assert _last_stderr_line(run) == (
-      "train.py: error: preempted by SIGINT after training: the final "
+  assert _last_stderr_line(run) == (  # Ctrl-C: asked for, not an error.
+      "train.py: preempted by SIGINT after training: the final "
       "checkpoint (step 4) is saved; run the same command again to finish "
       "(exit code 42)")
   assert helpers.checkpoint_step(str(model_dir)) == 4
@@ -276,8 +276,8 @@ def _receiver(progress=(10, 8)):
   """A receiver with a fake clock whose exits raise `_Exited(line, code)`."""
   now = [0.0]
 
-  def exit_fn(line, code):
-    raise _Exited(line, code)
+  def exit_fn(line, code, asked=False):
+    raise _Exited(line, code, asked)
 
   receiver = preemption.Receiver(exit_fn, clock=lambda: now[0])
   watcher = preemption.PreemptionWatcher()
@@ -293,7 +293,7 @@ def test_receiver_waits_for_the_configured_exit_code():
     receiver.configure(75, 10.0, training=False)
   assert exited.value.args == (
       "preempted by SIGTERM: nothing to save; run the same command again "
-      "(exit code 75)", 75)
+      "(exit code 75)", 75, False)
 
 
 def test_receiver_defers_while_armed_and_exits_when_the_time_is_up():
@@ -309,12 +309,15 @@ def test_receiver_defers_while_armed_and_exits_when_the_time_is_up():
       "(`trainer.preemption_grace_seconds`); no checkpoint is saved yet; "
       "steps 1-10 are not saved; run the same command again to start over "
       "(exit code 42)")
+  assert exited.value.args[2]  # Ctrl-C: asked for, not an error.
 
 
 def test_receiver_says_which_steps_a_forced_exit_leaves_unsaved():
   progress = [(507, 500)]
-  exits = []
-  receiver = preemption.Receiver(lambda line, code: exits.append(line),
+  exits, asked_for = [], []
+  receiver = preemption.Receiver(
+      lambda line, code, asked=False: exits.append(line) or asked_for.append(
+          asked),
                                  clock=lambda: now[0])
   now = [0.0]
   watcher = preemption.PreemptionWatcher()
@@ -343,6 +346,7 @@ def test_receiver_says_which_steps_a_forced_exit_leaves_unsaved():
       "preempted at step 3: a second signal (SIGINT) ended it at once; no "
       "checkpoint is saved yet; steps 1-3 are not saved; run the same "
       "command again to start over (exit code 42)"]
+  assert asked_for == [False] * 3  # SIGTERM came first: a preemption.
 
 
 def test_receiver_after_training_names_the_final_checkpoint():
@@ -381,7 +385,7 @@ def test_sigusr1_in_a_task_that_does_not_train_changes_nothing():
     receiver.handle(signal.SIGTERM)  # The chief's requeue.
   assert exited.value.args == (
       "preempted by SIGTERM: nothing to save; run the same command again "
-      "(exit code 42)", 42)
+      "(exit code 42)", 42, False)
 
 
 def test_sigusr1_after_training_requeues_at_once(monkeypatch):
@@ -393,7 +397,8 @@ def test_sigusr1_after_training_requeues_at_once(monkeypatch):
     pass
   with pytest.raises(_Exited) as exited:
     receiver.handle(signal.SIGUSR1)
-  line, code = exited.value.args
+  line, code, asked = exited.value.args
+  assert not asked  # SLURM's, not the user's.
   assert code == 42 and line() == (
       "preempted by SIGUSR1 after training: the final checkpoint (step 100) "
       "is saved; the chief requeues SLURM job 5, to finish (exit code 42)")
@@ -429,7 +434,8 @@ def test_the_requeues_sigterm_after_the_save_keeps_the_tasks_own_line(
   stop = watcher.stopped(1000, agreed=True)
   with pytest.raises(_Exited) as exited:
     receiver.handle(signal.SIGTERM)
-  line, code = exited.value.args
+  line, code, asked = exited.value.args
+  assert not asked  # SLURM's, not the user's.
   assert code == 42 and line() == stop.line(
       "the chief requeues SLURM job 7") == (
           "preempted at step 1000 by SIGUSR1 (the time limit is near): "
@@ -443,4 +449,15 @@ def test_the_requeues_sigterm_after_the_save_keeps_the_tasks_own_line(
   stop = watcher.stopped(10)
   with pytest.raises(_Exited) as exited:
     receiver.handle(signal.SIGTERM)
-  assert exited.value.args == (str(stop), 42)
+  assert exited.value.args == (str(stop), 42, True)  # Asked for: Ctrl-C.
+
+
+@pytest.mark.parametrize("signals, asked", [
+    ((signal.SIGINT,), True), ((signal.SIGTERM,), False),
+    ((signal.SIGINT, signal.SIGTERM), True),
+    ((signal.SIGTERM, signal.SIGINT), False)])
+def test_a_stop_is_asked_for_where_ctrl_c_came_first(signals, asked):
+  watcher = preemption.PreemptionWatcher()
+  for signum in signals:
+    watcher.defer(signum)
+  assert watcher.stopped(10).asked == asked

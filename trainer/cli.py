@@ -102,18 +102,20 @@ def _quiet_teardown() -> None:
 
 
 def fail(message: Union[str, Callable[[], str]],
-         exit_code: int = USAGE_EXIT_CODE, program: str = "train.py") -> None:
+         exit_code: int = USAGE_EXIT_CODE, program: str = "train.py",
+         asked: bool = False) -> None:
   """Prints the error line last on stderr and exits with `exit_code`.
 
   Callable from any thread; a second caller waits for the first's exit.
   `message` may be a function returning the line: it is called once this
   caller is the one to exit (a SLURM requeue, which signals this process,
-  happens there).
+  happens there). A stop the user `asked` for (Ctrl-C) is not an error:
+  its line has no `error:`.
   """
   _FAILING.acquire()  # pylint: disable=consider-using-with
   if callable(message):
     message = message()
-  console.error(f"{program}: error: {message}")
+  console.error(f"{program}: {'' if asked else 'error: '}{message}")
   # TensorFlow's C++ threads may still log while the process winds down (a
   # peer's collective failing, say); the error line stays the last one.
   devnull = os.open(os.devnull, os.O_WRONLY)
@@ -162,7 +164,7 @@ def _one_line_failures():
   except (errors.NonFiniteError, errors.RunError) as e:
     failure = (str(e), RUNTIME_ERROR_EXIT_CODE)
   except errors.Preempted as e:
-    failure = (preemption.exit_line(e), e.exit_code)
+    failure = (preemption.exit_line(e), e.exit_code, "train.py", e.asked)
   except Exception as e:  # pylint: disable=broad-except
     # A failed peer (UnavailableError), a lost device, a full disk or a
     # mistake in the task: checkpoints already written stay, and a restart

@@ -35,14 +35,17 @@ class Preempted(Exception):
     requeue: Whether the signal was SLURM's time-limit warning (SIGUSR1),
       after which the job is requeued.
     is_chief: Whether this process is the one that requeues.
+    asked: Whether the user asked for the stop (Ctrl-C, SIGINT): its line
+      is then not reported as an error.
   """
 
   def __init__(self, step: int, exit_code: int, requeue: bool = False,
-               is_chief: bool = True):
+               is_chief: bool = True, asked: bool = False):
     self.step = step
     self.exit_code = exit_code
     self.requeue = requeue
     self.is_chief = is_chief
+    self.asked = asked
     super().__init__(self.line())
 
   def line(self, requeued: Optional[str] = None) -> str:

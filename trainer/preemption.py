@@ -74,12 +74,13 @@ def block_signals() -> None:
   signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
 
 
-def start_receiver(exit_fn: Callable[[str, int], None]) -> "Receiver":
+def start_receiver(exit_fn: Callable[..., None]) -> "Receiver":
   """Blocks SIGTERM, SIGINT and SIGUSR1 and receives them on a daemon thread.
 
   Args:
-    exit_fn: Called as `exit_fn(line, exit_code)` to end the process at
-      once; it must not return.
+    exit_fn: Called as `exit_fn(line, exit_code, asked=False)` to end the
+      process at once (`asked`: the user asked for the stop, with SIGINT);
+      it must not return.
 
   Returns:
     The process's receiver (the same one on a second call).
@@ -142,6 +143,7 @@ class PreemptionWatcher:
     self.num_workers = num_workers
     self.is_chief = is_chief
     self._received: Optional[int] = None
+    self._first_received: Optional[int] = None
     self._requeue = False  # This process got SIGUSR1.
     self._requeue_agreed = False  # Some worker got SIGUSR1.
     self._previous = {}
@@ -208,6 +210,8 @@ class PreemptionWatcher:
     """
     self._requeue = self._requeue or signum == REQUEUE_SIGNAL
     self._received = signum
+    if self._first_received is None:
+      self._first_received = signum
     return self.is_armed
 
   @property
@@ -219,8 +223,9 @@ class PreemptionWatcher:
     """The error to stop with after saving `step`: it asks for a requeue
     where this process (or, `agreed`, any worker) got SIGUSR1."""
     requeue = self._requeue_agreed if agreed else self._requeue
-    self.stopping = errors.Preempted(step, self.exit_code,
-                                     requeue=requeue, is_chief=self.is_chief)
+    self.stopping = errors.Preempted(
+        step, self.exit_code, requeue=requeue, is_chief=self.is_chief,
+        asked=self._first_received == signal.SIGINT)
     return self.stopping
 
   def agreed(self, strategy: tf.distribute.Strategy) -> bool:
@@ -250,13 +255,14 @@ class Receiver:
   of the configuration).
   """
 
-  def __init__(self, exit_fn: Callable[[str, int], None],
+  def __init__(self, exit_fn: Callable[..., None],
                clock: Callable[[], float] = time.monotonic):
     """Creates a receiver; `serve` runs it.
 
     Args:
-      exit_fn: Ends the process: `exit_fn(line, exit_code)`; `line` may be
-        a function returning it, called once the process is sure to exit.
+      exit_fn: Ends the process: `exit_fn(line, exit_code, asked=False)`;
+        `line` may be a function returning it, called once the process is
+        sure to exit; `asked` says the user asked for the stop (SIGINT).
       clock: Seconds, for the grace period.
     """
     self._exit_fn = exit_fn
@@ -276,6 +282,11 @@ class Receiver:
   def exit(self, line: str, exit_code: int) -> None:
     """Ends the process with `line` and `exit_code`."""
     self._exit_fn(line, exit_code)
+
+  @property
+  def _asked(self) -> bool:
+    """Whether the user asked for the stop: the first signal was SIGINT."""
+    return self._first == signal.SIGINT
 
   def attach(self, watcher: PreemptionWatcher) -> None:
     """Makes `watcher` the one signals are recorded in, passing on a
@@ -330,14 +341,15 @@ class Receiver:
       if stopping is not None:
         # Saved already: the SIGTERM a chief's requeue sends every task (or
         # an impatient second Ctrl-C) ends the process with the same line.
-        self._exit_fn(exit_line(stopping), stopping.exit_code)
+        self._exit_fn(exit_line(stopping), stopping.exit_code,
+                      asked=stopping.asked)
         return
       if not self._configured:
         self._exit_now(self._first)
       else:
         self._exit_fn(self._forced(
             f"a second signal ({_name(signum)}) ended it at once"),
-                      self._exit_code)
+                      self._exit_code, asked=self._asked)
       return
     self._first, self._first_at = signum, self._clock()
     progress = self._progress()
@@ -383,7 +395,7 @@ class Receiver:
       self._exit_fn(self._forced(
           f"training did not stop within {self._grace_seconds:g} s of "
           f"{_name(self._first)} (`trainer.preemption_grace_seconds`)"),
-                    self._exit_code)
+                    self._exit_code, asked=self._asked)
 
   def _progress(self) -> Optional[Progress]:
     watcher = self.watcher
@@ -412,7 +424,7 @@ class Receiver:
     else:
       line = (f"preempted by {name}: nothing to save; run the same command "
               f"again (exit code {code})")
-    self._exit_fn(line, code)
+    self._exit_fn(line, code, asked=self._asked)
 
   def _forced(self, reason: str) -> str:
     """The line for an exit during training, without waiting for it: the
