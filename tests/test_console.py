@@ -61,3 +61,30 @@ def test_error_goes_to_stderr_once_on_a_terminal(capsys, caplog, absl_stream):
   captured = capsys.readouterr()
   assert captured.err == "train.py: error: bad\n" and captured.out == ""
   assert caplog.record_tuples == []
+
+
+def test_held_lines_follow_the_lines_released_first(capsys):
+  with console.held() as release:
+    console.info("optimizer | generator: Adam")
+    console.warning("never held")
+    console.info("restored checkpoint run/ckpt-2 at step 2")
+    assert capsys.readouterr().out == "warning | never held\n"
+    release(["run | GAN, train in run: resuming from ckpt-2, step 2"])
+    console.info("train | step 4/4")
+  assert capsys.readouterr().out.splitlines() == [
+      "run | GAN, train in run: resuming from ckpt-2, step 2",
+      "optimizer | generator: Adam",
+      "restored checkpoint run/ckpt-2 at step 2",
+      "train | step 4/4"]
+
+
+def test_held_lines_are_printed_when_the_block_fails(capsys):
+  with pytest.raises(ValueError):
+    with console.held():
+      console.info("optimizer | generator: Adam")
+      with console.held() as inner:  # Nested: the outer block holds.
+        console.info("placement | a")
+        inner(["run | header"])
+      raise ValueError("bad")
+  assert capsys.readouterr().out.splitlines() == [
+      "optimizer | generator: Adam", "placement | a", "run | header"]

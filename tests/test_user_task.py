@@ -124,6 +124,8 @@ def test_train_resume_eval_dry_run_on_a_relative_model_dir(user_project):
   out = _run(user_project, "runs/r", "--gin_param=trainer.train_steps=60")
   assert out.count("restored") == 1, out  # One line, not two wordings.
   assert "restored checkpoint runs/r/ckpt-40 at step 40" in out
+  # The run's header first: what the restore says follows it.
+  assert out.splitlines()[0].startswith("run | "), out
   assert helpers.checkpoint_step(str(user_project / "runs" / "r")) == 60
 
   out = _run(user_project, "runs/r", "--mode=eval",

@@ -8,9 +8,14 @@ it goes to a file; when it goes to the terminal (absl's default, stderr)
 the line is printed only, so it shows once.
 """
 
+import contextlib
 import sys
+from typing import Callable, Iterator, List, Optional, Sequence
 
 from absl import logging
+
+# Info lines held back by `held`, in order; None when none are.
+_held: Optional[List[str]] = None
 
 
 def _log_reaches_terminal() -> bool:
@@ -20,10 +25,41 @@ def _log_reaches_terminal() -> bool:
 
 
 def info(message: str) -> None:
-  """Prints `message` and logs it at INFO."""
+  """Prints `message` and logs it at INFO (or holds it: see `held`)."""
+  if _held is not None:
+    _held.append(message)
+    return
   if not _log_reaches_terminal():
     logging.info(message)
   print(message, flush=True)
+
+
+@contextlib.contextmanager
+def held() -> Iterator[Callable[[Sequence[str]], None]]:
+  """A block whose info lines wait for the function it yields, `release(
+  first=())`, which prints the lines `first`, then those held, and ends the
+  wait; the block's end releases them too, after an error as well.
+
+  For what is said while a run is built (the optimizers, the checkpoint
+  restored), which belongs after the run's header, known only once built.
+  Warnings and errors are never held.
+  """
+  global _held
+  if _held is not None:  # Within another held block, which releases.
+    yield lambda first=(): [info(line) for line in first]
+    return
+  _held = []
+
+  def release(first: Sequence[str] = ()) -> None:
+    global _held
+    lines, _held = _held, None
+    for line in [*first, *(lines or ())]:
+      info(line)
+
+  try:
+    yield release
+  finally:
+    release()
 
 
 def error(message: str) -> None:

@@ -91,34 +91,37 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   if mode == "eval" and tf.train.latest_checkpoint(restore_dir) is None:
     raise errors.ConfigError(
         f"no checkpoint to evaluate in `model_dir` ({restore_dir}).")
-  parts = _build(task, mode, runtime, config)
-  watcher = (preemption.PreemptionWatcher(config.preemption_exit_code,
-                                          parts.worker.num_workers,
-                                          parts.worker.is_chief)
-             if parts.training else None)
-  with (model_dir_lib.write_directory(model_dir, parts.worker, mode,
-                                      parts.config) as write_dir,
-        watcher or contextlib.nullcontext()):
-    early_stopping = None
-    if parts.config.early_stopping.metric is not None:
-      early_stopping = actions.EarlyStopping(
-          write_dir, parts.config.early_stopping, step_fn=parts.state.step)
-    controller = _controller(parts, write_dir, restore_dir, watcher,
-                             early_stopping)
-    run_report.print_lines(run_report.header(
-        task_name=type(task).__name__, mode=mode, model_dir=model_dir,
-        strategy=parts.state.strategy, runtime=parts.runtime,
-        config=parts.config, num_workers=parts.worker.num_workers,
-        restored_path=controller.restored_path, step=controller.step,
-        training=parts.training, evaluating=parts.evaluating,
-        unchecked_train_step=(
-            task_lib.overrides(task, "train_step") and
-            not (parts.trainer and parts.trainer.checks_loss_scaling))))
-    if controller.step:
-      _resume_input(parts, controller.step)
-    with _stall_watch(parts, controller):
-      return _run_mode(parts, controller, mode, model_dir, write_dir,
-                       early_stopping, started)
+  # What building says (optimizers, placement, the restore) follows the
+  # header, which says what the build found.
+  with console.held() as release:
+    parts = _build(task, mode, runtime, config)
+    watcher = (preemption.PreemptionWatcher(config.preemption_exit_code,
+                                            parts.worker.num_workers,
+                                            parts.worker.is_chief)
+               if parts.training else None)
+    with (model_dir_lib.write_directory(model_dir, parts.worker, mode,
+                                        parts.config) as write_dir,
+          watcher or contextlib.nullcontext()):
+      early_stopping = None
+      if parts.config.early_stopping.metric is not None:
+        early_stopping = actions.EarlyStopping(
+            write_dir, parts.config.early_stopping, step_fn=parts.state.step)
+      controller = _controller(parts, write_dir, restore_dir, watcher,
+                               early_stopping)
+      release(run_report.header(
+          task_name=type(task).__name__, mode=mode, model_dir=model_dir,
+          strategy=parts.state.strategy, runtime=parts.runtime,
+          config=parts.config, num_workers=parts.worker.num_workers,
+          restored_path=controller.restored_path, step=controller.step,
+          training=parts.training, evaluating=parts.evaluating,
+          unchecked_train_step=(
+              task_lib.overrides(task, "train_step") and
+              not (parts.trainer and parts.trainer.checks_loss_scaling))))
+      if controller.step:
+        _resume_input(parts, controller.step)
+      with _stall_watch(parts, controller):
+        return _run_mode(parts, controller, mode, model_dir, write_dir,
+                         early_stopping, started)
 
 
 def _stall_watch(parts: "_Parts", controller: controller_lib.Controller):
