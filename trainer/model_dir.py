@@ -58,15 +58,45 @@ def write_directory(model_dir: str, worker: cluster.WorkerInfo, mode: str,
     errors.ConfigError: If another process holds one of the leases.
   """
   if worker.is_chief:
-    os.makedirs(model_dir, exist_ok=True)
-    roles = lease_roles(mode, config)
-    with lease.Lease(model_dir, roles, mode, warn=console.warning):
-      checkpoints.remove_interrupted_saves(
-          model_dir, [name for role in roles for name in WRITTEN_BY[role]])
-      yield model_dir
+    created = _make_directories(model_dir)
+    try:
+      roles = lease_roles(mode, config)
+      with lease.Lease(model_dir, roles, mode, warn=console.warning):
+        checkpoints.remove_interrupted_saves(
+            model_dir, [name for role in roles for name in WRITTEN_BY[role]])
+        yield model_dir
+    except BaseException:
+      # A run that failed before writing anything leaves no trace, as a
+      # configuration error does.
+      _remove_empty(created)
+      raise
     return
   directory = tempfile.mkdtemp(prefix=f"worker{worker.worker_index}-")
   try:
     yield directory
   finally:
     shutil.rmtree(directory, ignore_errors=True)
+
+
+def _make_directories(path: str) -> List[str]:
+  """Makes `path` and its missing parents; returns those made, deepest
+  first."""
+  missing = []
+  while path and not os.path.isdir(path):
+    missing.append(path)
+    parent = os.path.dirname(os.path.normpath(path))
+    if parent == path:
+      break
+    path = parent
+  for directory in reversed(missing):
+    os.makedirs(directory, exist_ok=True)
+  return missing
+
+
+def _remove_empty(directories: List[str]) -> None:
+  """Removes each of `directories` (deepest first) that is empty."""
+  for directory in directories:
+    try:
+      os.rmdir(directory)
+    except OSError:  # Not empty (another run wrote there), or gone.
+      return
