@@ -296,3 +296,19 @@ def test_a_save_while_waiting_overtaken_by_a_step_says_nothing(tmp_path):
   # Nothing new: not saved twice.
   assert controller.save_while_waiting() == "the checkpoint of step 8 is saved"
   assert manager.latest_checkpoint.endswith("ckpt-8")
+
+
+def test_a_save_while_waiting_after_the_loop_came_back_says_nothing(tmp_path):
+  # The loop's input came back and the loop ended: the controller saves and
+  # acts on a signal itself; the stall watch neither saves nor ends the run.
+  step = tf.Variable(7, dtype=tf.int64)
+  manager = tf.train.CheckpointManager(tf.train.Checkpoint(step=step),
+                                       str(tmp_path), max_to_keep=5)
+  trainer = _WaitingTrainer()
+  controller = controller_lib.Controller(
+      trainer=trainer, global_step=step,
+      strategy=tf.distribute.get_strategy(), checkpoint_manager=manager,
+      steps_per_loop=1)
+  trainer.in_loop = False
+  assert controller.save_while_waiting() is None
+  assert manager.latest_checkpoint is None

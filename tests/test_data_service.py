@@ -2,6 +2,7 @@
 dispatcher and 2 worker processes on 127.0.0.1 produce digits' training
 batches; a worker killed mid-run, a resumed run and the refusals."""
 
+import os
 import random
 import re
 import select
@@ -355,6 +356,48 @@ def test_a_timeout_whose_save_a_batch_overtook_waits_a_whole_timeout_again():
   assert calls == [(5, 101.0), (5, 202.0)]
 
 
+def test_a_signal_ends_a_stall_without_waiting_for_the_timeout():
+  # A signal asks for a checkpoint: a loop without a new step for
+  # `SIGNAL_SECONDS` (or twice its slowest step) waits for a batch, and the
+  # watch ends the wait; not before the first step (the loop may trace).
+  clock, step, signalled, calls = _Clock(), [None], [False], []
+  runtime = trainer.RuntimeConfig(data_service="grpc://127.0.0.1:5050")
+  watch = data_service.StallWatch(
+      runtime, lambda: step[0], lambda *args: calls.append(("timeout",) + args),
+      seconds=60, poll_seconds=0.01, clock=clock,
+      workers_fn=lambda address: ["127.0.0.1:5051"],
+      signalled_fn=lambda: signalled[0],
+      on_signal=lambda *args: calls.append(("signal",) + args) or (
+          len(calls) > 1))
+  with watch:
+    step[0] = 0  # The first loop begins: it traces.
+    signalled[0] = True
+    clock.now = 10.0
+    time.sleep(0.1)
+    assert not calls  # Before the first step.
+    step[0] = 100  # Trained, at the first step's pace.
+    time.sleep(0.1)
+    clock.now = 13.0
+    step[0] = 130  # 3 s without a new step: the slowest step so far.
+    time.sleep(0.1)
+    clock.now = 18.5
+    time.sleep(0.1)
+    assert not calls  # Within twice the slowest step.
+    clock.now = 19.5
+    time.sleep(0.1)
+    # The batch came during the save: the wait starts again.
+    assert calls == [("signal", 130, 6.5, (
+        "the dispatcher at grpc://127.0.0.1:5050 has worker(s) "
+        "127.0.0.1:5051, which send none"))]
+    clock.now = 25.0
+    time.sleep(0.1)
+    assert len(calls) == 1
+    clock.now = 26.0
+    time.sleep(0.1)
+  assert [call[:3] for call in calls] == [("signal", 130, 6.5),
+                                          ("signal", 130, 6.5)]
+
+
 def _restart_dispatcher_mid_run(tmp_path, *dispatcher_args):
   """Trains digits to 600 through a dispatcher that is killed and started
   again on its port at step 200; returns the finished run."""
@@ -510,6 +553,64 @@ def test_no_batch_within_the_timeout_saves_the_step_and_exits_1(tmp_path):
   # What the loop trained since the checkpoint of step 100 is kept.
   assert step > 100
   assert helpers.checkpoint_step(str(tmp_path / "run")) == step
+
+
+def _wait_until_quiet(run: helpers.TrainProcess, seconds: float,
+                     timeout: float = 60.0) -> None:
+  """Returns once `run` has printed no line for `seconds` (a stalled loop
+  prints none)."""
+  deadline = time.monotonic() + timeout
+  count, since = len(run.lines), time.monotonic()
+  while time.monotonic() < deadline:
+    time.sleep(0.2)
+    if len(run.lines) != count:
+      count, since = len(run.lines), time.monotonic()
+    elif time.monotonic() - since >= seconds:
+      return
+  raise AssertionError(f"still printing after {timeout:g} s: "
+                       f"{run.lines[-5:]}")
+
+
+@pytest.mark.slow
+def test_sigterm_while_no_batch_comes_saves_the_step_reached_at_once(
+    tmp_path):
+  # The loop waits inside `next` on the service's iterator and never comes
+  # back: the stall watch saves the step reached while it waits, as the
+  # timeout does, instead of letting the grace period (25 s) run out.
+  run, servers, ports = _lone_worker_run(
+      tmp_path, "--gin_param=trainer.train_steps=100000")
+  try:
+    servers[1].process.kill()  # The only worker.
+    servers[1].process.wait()
+    _wait_until_quiet(run, 5.0)
+    run.process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    returncode = run.finish(timeout=TIMEOUT)
+    took = time.monotonic() - signalled
+  finally:
+    run.close()
+    for server in servers:
+      server.stop()
+  assert returncode == 42, run.stderr[-3000:]
+  last = run.stderr.strip().splitlines()[-1]
+  assert took < 10, f"{took:.1f} s: {last}"
+  found = re.fullmatch(
+      r"train\.py: error: preempted at step (\d+): no batch from the "
+      r"tf\.data service for \d+ s \(the dispatcher at "
+      rf"grpc://127\.0\.0\.1:{ports[0]} (has worker\(s\) 127\.0\.0\.1:"
+      rf"{ports[1]}, which send none|has no worker; worker\(s\) last seen "
+      rf"\d+ s ago: 127\.0\.0\.1:{ports[1]})\); the checkpoint of step "
+      r"(\d+) was saved for SIGTERM; run the same command again to resume "
+      r"from step (\d+) \(exit code 42\)", last)
+  assert found, last
+  step = int(found.group(1))
+  assert found.group(3) == found.group(4) == found.group(1), last
+  # What the loop trained since the checkpoint of step 100 is kept.
+  assert step > 100, last
+  model_dir = str(tmp_path / "run")
+  assert tf.train.latest_checkpoint(model_dir) == os.path.join(
+      model_dir, f"ckpt-{step}")
+  assert helpers.checkpoint_step(model_dir) == step
 
 
 @pytest.mark.slow

@@ -349,6 +349,29 @@ def test_receiver_says_which_steps_a_forced_exit_leaves_unsaved():
   assert asked_for == [False] * 3  # SIGTERM came first: a preemption.
 
 
+def test_receiver_ends_a_wait_for_input_once_its_step_is_saved():
+  # The stall watch of the tf.data service saved the step reached while the
+  # loop waits for a batch: the signal's exit does not wait for the loop.
+  progress = [(106, 100)]
+  exits = []
+  receiver = preemption.Receiver(
+      lambda line, code, asked=False: exits.append((line, code, asked)),
+      clock=lambda: 0.0)
+  watcher = preemption.PreemptionWatcher()
+  watcher.progress_fn = lambda: progress[0]
+  receiver.watcher = watcher
+  receiver.configure(42, 25.0, training=True)
+  with watcher.armed():
+    receiver.handle(signal.SIGTERM)
+    assert not exits
+    progress[0] = (106, 106)  # Saved while the loop waits.
+    receiver.end_waiting("no batch from the tf.data service for 31 s (WHY)")
+  assert exits == [(
+      "preempted at step 106: no batch from the tf.data service for 31 s "
+      "(WHY); the checkpoint of step 106 was saved for SIGTERM; run the same "
+      "command again to resume from step 106 (exit code 42)", 42, False)]
+
+
 def test_receiver_after_training_names_the_final_checkpoint():
   receiver, watcher = _receiver(progress=(100, 100))
   receiver.configure(42, 3.0, training=True)

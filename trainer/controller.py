@@ -24,6 +24,7 @@ loop, cadence and summaries unchanged.
 import contextlib
 import dataclasses
 import os
+import threading
 import time
 from typing import Callable, Iterator, Optional
 
@@ -106,6 +107,9 @@ class Controller(orbit.Controller):
     self._last_saved_step = None
     self._newest_step = None  # The newest checkpoint's step; None: none.
     self._warned_past = False
+    # The stall watch's thread saves while a loop waits for input, and the
+    # loop saves on its own once a batch comes: one at a time.
+    self._saving = threading.Lock()
     self._constructed = False
     if preemption is not None:
       preemption.progress_fn = lambda: (self._live_step(), self._newest_step)
@@ -132,25 +136,28 @@ class Controller(orbit.Controller):
   def save_while_waiting(self) -> Optional[str]:
     """Saves the step a loop reached while it waits for input; called from
     another thread, the loop blocked in `next`. Returns what is saved, in
-    words, or None if the loop moved during the save (its input came back:
-    the checkpoint may mix two steps, as asynchronous training's do, and
-    the next save supersedes it).
+    words, or None if the loop moved during the save or has ended (its
+    input came back: the checkpoint may mix two steps, as asynchronous
+    training's do, and the next save supersedes it).
     """
-    step = self._live_step()
-    if self.checkpoint_manager is None:
-      return f"no checkpoint is kept (steps to {step} are not saved)"
-    if step == self._newest_step:
+    with self._saving:
+      if not getattr(self.trainer, "in_loop", False):
+        return None  # The loop came back: the controller goes on.
+      step = self._live_step()
+      if self.checkpoint_manager is None:
+        return f"no checkpoint is kept (steps to {step} are not saved)"
+      if step == self._newest_step:
+        return f"the checkpoint of step {step} is saved"
+      try:
+        self._guard.check_saveable(step, self._last_saved_step)
+      except errors.NonFiniteError as e:
+        return f"step {step} is not saved ({e})"
+      path = self.checkpoint_manager.save(checkpoint_number=step)
+      if self._live_step() != step:
+        return None
+      self._newest_step = step
+      console.info(f"saved checkpoint {path}")
       return f"the checkpoint of step {step} is saved"
-    try:
-      self._guard.check_saveable(step, self._last_saved_step)
-    except errors.NonFiniteError as e:
-      return f"step {step} is not saved ({e})"
-    path = self.checkpoint_manager.save(checkpoint_number=step)
-    if self._live_step() != step:
-      return None
-    self._newest_step = step
-    console.info(f"saved checkpoint {path}")
-    return f"the checkpoint of step {step} is saved"
 
   @property
   def step(self) -> int:
@@ -373,9 +380,10 @@ class Controller(orbit.Controller):
           f"model_dir {directory} was deleted or replaced during the run; "
           f"the checkpoint of step {self._step} is not saved.")
     self._guard.check_saveable(self._step, self._last_saved_step)
-    path = self.checkpoint_manager.save(checkpoint_number=self._step)
-    self._last_saved_step = self._step
-    self._newest_step = self._step
+    with self._saving:
+      path = self.checkpoint_manager.save(checkpoint_number=self._step)
+      self._last_saved_step = self._step
+      self._newest_step = self._step
     console.info(f"saved checkpoint {path}")
     return True
 

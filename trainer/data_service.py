@@ -306,19 +306,32 @@ def unreachable_workers(target: str, timeout: float = 2.0) -> List[str]:
   return unreachable
 
 
+# While a signal asks for a checkpoint, how long a loop may go without a
+# new step before it is taken to wait for a batch; twice the slowest step
+# the watch saw in this run where that is longer. A step through the
+# service took ~25 ms in digits; the preemption grace period is 25 s.
+SIGNAL_SECONDS = 2.0
+
+
 class StallWatch:
   """Warns when training stops advancing while it reads from the service,
-  and ends the wait after `runtime.data_service_timeout`.
+  and ends the wait after `runtime.data_service_timeout`, or at once on a
+  signal.
 
   The service's client waits for batches as long as it takes: with no
   worker alive (none started yet, or all stopped) or the dispatcher down, a
-  run would stay silent at its last line (measured). This context runs a
-  thread that prints one warning per stall, `seconds` inside training loops
-  without a new step (twice as long before the first, which includes
-  tracing; evaluations and saves between loops do not count), and calls
-  `on_timeout` once a stall has lasted the timeout (doubled the same way).
-  It asks the dispatcher for its workers every `workers_seconds` while a
-  loop runs, so that the end can name the ones it last saw.
+  run would stay silent at its last line (measured), and the loop, blocked
+  in `next` on the service's iterator, never comes back to save. This
+  context runs a thread that prints one warning per stall, `seconds` inside
+  training loops without a new step (twice as long before the first, which
+  includes tracing; evaluations and saves between loops do not count), and
+  calls `on_timeout` once a stall has lasted the timeout (doubled the same
+  way). While `signalled_fn` says a signal asks for a checkpoint, a loop
+  without a new step for `SIGNAL_SECONDS` (or twice its slowest step) waits
+  for a batch: it calls `on_signal` instead of waiting for the loop (not
+  before the first step, while the loop may still be tracing). It asks the
+  dispatcher for its workers every `workers_seconds` while a loop runs, so
+  that the end can name the ones it last saw.
   """
 
   def __init__(self, runtime, progress_fn: Callable[[], Optional[int]],
@@ -326,7 +339,9 @@ class StallWatch:
                seconds: float = 60.0, poll_seconds: float = 1.0,
                workers_seconds: float = 10.0,
                clock: Callable[[], float] = time.monotonic,
-               workers_fn: Callable[[str], List[str]] = list_workers):
+               workers_fn: Callable[[str], List[str]] = list_workers,
+               signalled_fn: Callable[[], bool] = lambda: False,
+               on_signal: Optional[Callable[[int, float, str], bool]] = None):
     """Creates the watch.
 
     Args:
@@ -342,6 +357,10 @@ class StallWatch:
       workers_seconds: How often it asks the dispatcher for its workers.
       clock: Seconds, injectable for tests.
       workers_fn: Lists a dispatcher's workers (`list_workers`).
+      signalled_fn: Returns whether a signal asks for a checkpoint.
+      on_signal: Called as `on_timeout` is, when a signal asks for a
+        checkpoint and the loop waits for a batch. None: the loop is waited
+        for.
     """
     self._address = address(runtime)
     self._timeout = runtime.data_service_timeout if on_timeout else None
@@ -352,6 +371,8 @@ class StallWatch:
     self._workers_seconds = workers_seconds
     self._clock = clock
     self._workers_fn = workers_fn
+    self._signalled_fn = signalled_fn
+    self._on_signal = on_signal
     self._workers: Optional[List[str]] = None  # Last seen, and when.
     self._workers_at = self._asked_at = -float("inf")
     self._stop = threading.Event()
@@ -369,6 +390,7 @@ class StallWatch:
   def _watch(self) -> None:
     step, since, first, warned = self._progress_fn(), self._clock(), True, (
         False)
+    slowest = 0.0  # The longest a trained step kept the step unchanged.
     while not self._stop.wait(self._poll_seconds):
       progress = self._progress_fn()
       if progress is None:  # Between loops: the input is not waited for.
@@ -376,6 +398,8 @@ class StallWatch:
         continue
       self._ask_for_workers()
       if progress != step:
+        if not first:
+          slowest = max(slowest, self._clock() - since)
         # The first step seen starts the first loop: its patience stays
         # doubled until a step is trained.
         first = step is None
@@ -392,6 +416,13 @@ class StallWatch:
             "no worker is alive: start one with python "
             "scripts/data_service.py --port=PORT --dispatcher="
             f"{host_port(self._address)}")
+      if (self._on_signal is not None and not first and
+          waited > max(SIGNAL_SECONDS, 2 * slowest) and
+          self._signalled_fn()):
+        if self._on_signal(step, waited, self._why()):
+          return
+        since = self._clock()  # Its input came back meanwhile.
+        continue
       if self._timeout is not None and waited > factor * self._timeout:
         if self._on_timeout(step, waited, self._why()):
           return
@@ -436,3 +467,9 @@ def timeout_line(runtime, step: int, waited: float, why: str,
           f"{step} (`runtime.data_service_timeout`): {why}; {saved}; start "
           "workers (python scripts/data_service.py --port=PORT --dispatcher="
           f"{host_port(address(runtime))}) and run the same command again")
+
+
+def signal_reason(waited: float, why: str) -> str:
+  """Why a signal's checkpoint was saved while the loop waits for a batch,
+  for the preemption line."""
+  return f"no batch from the tf.data service for {waited:.0f} s ({why})"

@@ -119,31 +119,48 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
               not (parts.trainer and parts.trainer.checks_loss_scaling))))
       if controller.step:
         _resume_input(parts, controller.step)
-      with _stall_watch(parts, controller):
+      with _stall_watch(parts, controller, watcher):
         return _run_mode(parts, controller, mode, model_dir, write_dir,
                          early_stopping, started)
 
 
-def _stall_watch(parts: "_Parts", controller: controller_lib.Controller):
+def _stall_watch(parts: "_Parts", controller: controller_lib.Controller,
+                 watcher: Optional[preemption.PreemptionWatcher]):
   """Returns the tf.data service's stall watch where training reads from
-  it, else a context that does nothing."""
+  it, else a context that does nothing.
+
+  Its timeout and a signal end a loop that waits for a batch the same way:
+  the step reached is saved while the loop waits, and the process exits.
+  """
   if not (parts.training and parts.runtime.data_service):
     return contextlib.nullcontext()
 
-  def on_timeout(step: int, waited: float, why: str) -> bool:
-    saved = controller.save_while_waiting()
-    if saved is None:  # A batch came during the save.
-      return False
+  def saving_first(end: Callable[[int, float, str, str], bool]):
+    def on_stall(step: int, waited: float, why: str) -> bool:
+      saved = controller.save_while_waiting()
+      if saved is None:  # A batch came during the save.
+        return False
+      return end(step, waited, why, saved)
+    return on_stall
+
+  def timed_out(step: int, waited: float, why: str, saved: str) -> bool:
     preemption.end_process(data_service.timeout_line(
         parts.runtime, step, waited, why, saved))
     return True
+
+  def signalled(unused_step: int, waited: float, why: str,
+                unused_saved: str) -> bool:
+    # The receiver's line says what is saved, as at the grace period's end.
+    return preemption.end_waiting(data_service.signal_reason(waited, why))
 
   # The variable, not `controller.step`: that moves only between loops, and
   # a loop of slow steps is no stall.
   return data_service.StallWatch(
       parts.runtime,
       lambda: parts.state.step() if parts.trainer.in_loop else None,
-      on_timeout)
+      saving_first(timed_out),
+      signalled_fn=lambda: watcher is not None and watcher.received,
+      on_signal=saving_first(signalled))
 
 
 def _resume_input(parts: "_Parts", step: int) -> None:

@@ -13,9 +13,12 @@ input, say), or on a second signal (the same signal again within
 the same code, saying which step it reached and which checkpoint was saved
 when, keeping the checkpoints already saved (a save is written to
 `ckpt-N_temp` and renamed, and the state file is updated last, so an
-interrupted save is never restored). Outside training (start-up, the final
-evaluation and export, the eval modes) nothing waits: the process exits at
-once.
+interrupted save is never restored). A loop known to wait for input that
+does not come (the tf.data service's stall watch, `trainer.data_service`)
+is not waited for: the step it reached is saved while it waits, and the
+process exits with the same code (`end_waiting`). Outside training
+(start-up, the final evaluation and export, the eval modes) nothing waits:
+the process exits at once.
 
 Python runs a signal handler only when the main thread returns to bytecode,
 never while it waits inside TensorFlow (a step, an input blocked in a
@@ -106,6 +109,23 @@ def end_process(line: str, exit_code: int = 1) -> bool:
     console.warning(line)
     return False
   _receiver.exit(line, exit_code)
+  return True
+
+
+def end_waiting(reason: str) -> bool:
+  """Ends the process for the signal that asked for a checkpoint, without
+  waiting for a loop that waits for input which does not come (the tf.data
+  service with no worker): call it once the step reached is saved while
+  the loop waits. The line says the step reached, `reason`, and which
+  checkpoint was saved when, as the grace period's end does.
+
+  Returns:
+    False without a receiver (the library run in-process, where a signal
+    is not seen while the loop waits inside TensorFlow).
+  """
+  if _receiver is None:
+    return False
+  _receiver.end_waiting(reason)
   return True
 
 
@@ -396,6 +416,11 @@ class Receiver:
           f"training did not stop within {self._grace_seconds:g} s of "
           f"{_name(self._first)} (`trainer.preemption_grace_seconds`)"),
                     self._exit_code, asked=self._asked)
+
+  def end_waiting(self, reason: str) -> None:
+    """Ends the process during training before the loop comes back, for
+    `reason` (see `end_waiting`)."""
+    self._exit_fn(self._forced(reason), self._exit_code, asked=self._asked)
 
   def _progress(self) -> Optional[Progress]:
     watcher = self.watcher
