@@ -211,7 +211,9 @@ def _different_model(root, key: str, prefix: str, whole: bool,
   theirs = {name[:-len(_VALUE)]: shape
             for name, shape in tf.train.list_variables(prefix)
             if name.startswith(f"{key}/" if key else "") and
-            name.endswith(_VALUE) and "/.OPTIMIZER_SLOT/" not in name}
+            name.endswith(_VALUE) and "/.OPTIMIZER_SLOT/" not in name and
+            # What `model.save_weights` keeps beside the model, at ''.
+            (key or name.split("/")[0] not in ("optimizer", "save_counter"))}
   if set(ours) == set(theirs) or (not whole and set(ours) <= set(theirs)):
     return None
 
