@@ -2,9 +2,11 @@
 on real checkpoints written by training runs."""
 
 import os
+import re
 
 import pytest
 import tensorflow as tf
+import tf_keras
 
 import trainer
 from trainer import checkpoints
@@ -19,9 +21,18 @@ def _config(train_steps):
                                global_batch_size=32, max_to_keep=5)
 
 
-def _train(model_dir, train_steps):
-  experiment.run(helpers.LinearRegression(), "train", model_dir,
+def _train(model_dir, train_steps, task=None):
+  experiment.run(task or helpers.LinearRegression(), "train", model_dir,
                  trainer.RuntimeConfig(seed=0), _config(train_steps))
+
+
+class _AdamRegression(helpers.LinearRegression):
+  """Adam, whose slots a restore reads only when the first step makes
+  them."""
+
+  def create_optimizer(self, settings):
+    del settings
+    return tf_keras.optimizers.legacy.Adam(0.01)
 
 
 def _truncate(prefix):
@@ -42,6 +53,32 @@ def _flip_bytes(prefix):
       data[i] ^= 0xFF
     f.seek(0)
     f.write(data)
+
+
+def _flip_tensor(prefix, name):
+  """Flips 64 bytes in the middle of tensor `name`'s bytes in the data file
+  (found by its value: the test fails if that value is there twice).
+
+  Returns:
+    The damaged file's bytes.
+  """
+  raw = tf.train.load_checkpoint(prefix).get_tensor(name).tobytes()
+  path = prefix + ".data-00000-of-00001"
+  with open(path, "rb") as f:
+    data = bytearray(f.read())
+  start = data.find(raw)
+  assert start >= 0 and data.find(raw, start + 1) == -1
+  middle = start + (len(raw) - 64) // 2
+  for i in range(middle, middle + 64):
+    data[i] ^= 0xFF
+  with open(path, "wb") as f:
+    f.write(data)
+  return bytes(data)
+
+
+def _read(path):
+  with open(path, "rb") as f:
+    return f.read()
 
 
 @pytest.mark.parametrize("damage", [_truncate, _delete_data, _flip_bytes])
@@ -75,6 +112,58 @@ def test_resume_after_fallback_matches_an_undamaged_run(tmp_path):
   assert helpers.max_weight_difference(
       helpers.checkpoint_weights(damaged),
       helpers.checkpoint_weights(straight)) == 0.0
+
+
+def test_a_damaged_optimizer_slot_falls_back_at_restore(tmp_path, capfd):
+  # The slot is read only when the first step makes it: the restore must
+  # check it first, or the step fails on every run.
+  straight = str(tmp_path / "straight")
+  _train(straight, 30, _AdamRegression())
+  model_dir = str(tmp_path / "damaged")
+  _train(model_dir, 20, _AdamRegression())
+  slot = "model/layer_with_weights-0/kernel/.OPTIMIZER_SLOT/optimizer/m"
+  prefix = os.path.join(model_dir, "ckpt-20")
+  index = _read(prefix + ".index")
+  damaged = _flip_tensor(prefix, slot + "/.ATTRIBUTES/VARIABLE_VALUE")
+  capfd.readouterr()
+
+  _train(model_dir, 30, _AdamRegression())
+  lines = capfd.readouterr().out.splitlines()
+  assert re.fullmatch(
+      re.escape(f"checkpoint | cannot restore {prefix} (DataLossError: {slot} "
+                "in shard 0 (128 bytes): Checksum does not match: stored ")
+      + r"\d+ vs\. calculated on the restored bytes \d+\)", lines[0]), lines
+  assert lines[1:3] == [
+      f"checkpoint | restored {model_dir}/ckpt-10 instead of the damaged "
+      "ckpt-20 (kept as ckpt-20-damaged)",
+      f"restored checkpoint {model_dir}/ckpt-10 at step 10"]
+  # It trained on from step 10, as if nothing had happened: every weight
+  # and slot.
+  assert helpers.max_weight_difference(
+      helpers.checkpoint_numbers(os.path.join(model_dir, "ckpt-30")),
+      helpers.checkpoint_numbers(os.path.join(straight, "ckpt-30"))) == 0.0
+  # The damaged files are kept as they were, out of the way of the new save
+  # of step 20.
+  assert _read(prefix + "-damaged.data-00000-of-00001") == damaged
+  assert _read(prefix + "-damaged.index") == index
+  assert helpers.checkpoint_step(prefix) == 20
+
+
+def test_verify_reads_only_what_a_restore_of_its_roots_reads(tmp_path):
+  model_dir = str(tmp_path)
+  _train(model_dir, 20, _AdamRegression())
+  prefix = os.path.join(model_dir, "ckpt-20")
+  _flip_tensor(prefix, "model/layer_with_weights-0/kernel/.OPTIMIZER_SLOT/"
+               "optimizer/v/.ATTRIBUTES/VARIABLE_VALUE")
+  # An evaluation restores no optimizer, so reads none of its slots.
+  checkpoints.verify(prefix, {"model", "global_step"})
+  with pytest.raises(tf.errors.DataLossError,
+                     match=r"^model/layer_with_weights-0/kernel/"
+                     r"\.OPTIMIZER_SLOT/optimizer/v in shard 0 \(128 bytes\): "
+                     r"Checksum does not match"):
+    checkpoints.verify(prefix, {"model", "global_step", "optimizer"})
+  with pytest.raises(tf.errors.DataLossError, match="OPTIMIZER_SLOT"):
+    checkpoints.verify(prefix)
 
 
 def test_no_restorable_checkpoint_is_one_error_and_deletes_nothing(tmp_path):
@@ -174,3 +263,38 @@ def test_a_checkpoint_without_input_position_restores_the_rest(tmp_path,
                           head=tf.Variable(0.0)), str(tmp_path), 3)
   with pytest.raises(trainer.ConfigError, match="does not fit this model"):
     checkpoints.restore(other)
+
+
+@pytest.mark.slow  # Two train.py runs: 64 s measured on 2 busy cores.
+def test_train_py_falls_back_from_a_damaged_optimizer_slot(tmp_path):
+  # Issue 30: the first step failed with "the input data is damaged:
+  # TensorBundle at .../ckpt-20 ...", exit 1, on every run.
+  model_dir = str(tmp_path / "digits")
+  args = ["--gin_file=gin/digits.gin", f"--model_dir={model_dir}",
+          "--mode=train", "--gin_param=trainer.steps_per_loop=10",
+          "--gin_param=trainer.summary_interval=10",
+          "--gin_param=trainer.checkpoint_interval=10"]
+  first = helpers.run_cli(args + ["--gin_param=trainer.train_steps=20"])
+  assert first.returncode == 0, first.stderr[-2000:]
+  slot = "model/layer_with_weights-2/kernel/.OPTIMIZER_SLOT/optimizer/m"
+  prefix = os.path.join(model_dir, "ckpt-20")
+  index = _read(prefix + ".index")
+  damaged = _flip_tensor(prefix, slot + "/.ATTRIBUTES/VARIABLE_VALUE")
+
+  second = helpers.run_cli(args + ["--gin_param=trainer.train_steps=30"])
+  assert second.returncode == 0, second.stderr[-2000:]
+  lines = second.stdout.splitlines()
+  assert re.fullmatch(
+      re.escape(f"checkpoint | cannot restore {prefix} (DataLossError: {slot} "
+                "in shard 0 (294912 bytes): Checksum does not match: stored ")
+      + r"\d+ vs\. calculated on the restored bytes \d+\)", lines[0]), lines
+  assert lines[1:4] == [
+      f"checkpoint | restored {model_dir}/ckpt-10 instead of the damaged "
+      "ckpt-20 (kept as ckpt-20-damaged)",
+      f"restored checkpoint {model_dir}/ckpt-10 at step 10",
+      f"run | DigitsClassification, train in {model_dir}: resuming from "
+      "ckpt-10, step 10"]
+  assert "train.py: error" not in second.stderr
+  assert helpers.checkpoint_step(model_dir) == 30
+  assert _read(prefix + "-damaged.data-00000-of-00001") == damaged
+  assert _read(prefix + "-damaged.index") == index

@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
+import tf_keras
 
 import helpers
 from trainer import data_loss
 
+from test_checkpoints import _flip_tensor
 from test_tfrecord_inputs import _write
 
 
@@ -209,3 +211,29 @@ def test_a_streamed_shard_damaged_mid_run_is_named_and_earlier_saves_stay(
   assert last.endswith("; replace or remove that file and run the same "
                        "command again to resume from the newest checkpoint")
   assert helpers.checkpoint_step(str(tmp_path / "run")) == 12
+
+
+def test_a_checkpoint_damaged_where_a_step_reads_it_is_not_the_input(
+    tmp_path):
+  # A restore reads an optimizer slot when the first step creates it: the
+  # error a damaged slot raises then comes from the step (issue 30 called
+  # it "the input data is damaged").
+  variable = tf.Variable(tf.ones([16, 16]))
+  optimizer = tf_keras.optimizers.Adam(0.1)
+  gradient = tf.reshape(tf.range(1.0, 257.0), [16, 16])
+  optimizer.apply_gradients([(gradient, variable)])
+  prefix = tf.train.Checkpoint(model=variable, optimizer=optimizer).write(
+      str(tmp_path / "ckpt-1"))
+  _flip_tensor(prefix, "optimizer/_variables/1/.ATTRIBUTES/VARIABLE_VALUE")
+  fresh = tf.Variable(tf.zeros([16, 16]))
+  fresh_optimizer = tf_keras.optimizers.Adam(0.1)
+  tf.train.Checkpoint(model=fresh, optimizer=fresh_optimizer).restore(
+      prefix).expect_partial()  # The slots left unread are the point.
+  with pytest.raises(tf.errors.DataLossError) as raised:
+    fresh_optimizer.apply_gradients([(gradient, fresh)])
+  dataset = tf.data.Dataset.from_tensor_slices(_shards(str(tmp_path), [2]))
+  assert data_loss.describe(raised.value, dataset) == (
+      f"checkpoint {prefix} is damaged (TensorBundle at {prefix} shard 0 "
+      "(1024 bytes): Checksum does not match: stored 1479737351 vs. "
+      "calculated on the restored bytes 1482149432); run the same command "
+      "again to restore the one before it")

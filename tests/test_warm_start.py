@@ -18,6 +18,7 @@ from trainer import experiment
 from trainer import warm_start
 from tasks import digits
 from tasks import digits_gan
+from tasks import recommendation
 
 import helpers
 
@@ -178,6 +179,44 @@ def test_a_shape_mismatch_names_the_variable(source):
                      r"checkpoint\.$"):
     warm_start.restore(_BackboneHead(head_units=3).build_model(),
                        warm_start.WarmStartConfig(checkpoint=source))
+
+
+def _recommendation_checkpoint(directory):
+  """A recommendation model's checkpoint, as its run saves it."""
+  return tf.train.Checkpoint(
+      model=recommendation.HashedRecommendation().build_model()).write(
+          os.path.join(directory, "ckpt-10"))
+
+
+# Issue 30: keys are positional, so the first layer at the same place with
+# another shape was named, as if the teacher's conv2/bias were there.
+_OTHER_MODEL = (
+    "`model` there holds a different model than model 'teacher': their "
+    "variables and shapes do not line up (the checkpoint's 5: "
+    "layer_with_weights-0/embeddings (65536, 16), layer_with_weights-1/bias "
+    "(32,), layer_with_weights-1/kernel (48, 32), ...; this model's 8: "
+    "conv1/kernel (3, 3, 1, 32), conv1/bias (32,), conv2/kernel "
+    "(3, 3, 32, 64), ...).")
+
+
+def test_a_checkpoint_of_another_model_is_said_to_be_one(tmp_path):
+  prefix = _recommendation_checkpoint(str(tmp_path))
+  with pytest.raises(trainer.ConfigError) as raised:
+    warm_start.restore(digits.DigitsClassification().build_model(),
+                       warm_start.WarmStartConfig(checkpoint=prefix,
+                                                  model="teacher"))
+  assert str(raised.value) == f"warm start from {prefix}: {_OTHER_MODEL}"
+
+
+def test_train_py_says_the_teacher_checkpoint_holds_another_model(tmp_path):
+  prefix = _recommendation_checkpoint(str(tmp_path))
+  result = helpers.run_cli([
+      "--gin_file=gin/digits_distillation.gin",
+      f"--model_dir={tmp_path / 'distillation'}",
+      f"--gin_param=TEACHER_CHECKPOINT='{prefix}'"])
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"train.py: error: warm start from {prefix}: {_OTHER_MODEL}")
 
 
 def test_variables_missing_from_the_checkpoint_are_named(source):

@@ -9,6 +9,11 @@ the damaged one is the file where a record starts at that byte offset and,
 for a truncated record, runs past the end. Only the records' 12-byte headers
 are read (length and its checksum), seeking over their data, so even large
 shards are checked in seconds; this runs only after the error.
+
+A `DataLossError` in a loop may also come from a checkpoint: a restore
+reads optimizer slots when the first step creates them. Its message names
+the checkpoint (`TensorBundle at <prefix> shard 0`), and so does the line:
+a checkpoint is never called input data.
 """
 
 import os
@@ -21,6 +26,7 @@ import tensorflow as tf
 from trainer import user_errors
 
 _OFFSET = re.compile(r"(truncated|corrupted) record at (\d+)")
+_BUNDLE = re.compile(r"TensorBundle at (\S+) shard \d+")
 _HEADER = 12  # Record length (8 bytes) and its masked CRC (4 bytes).
 _FOOTER = 4  # The data's masked CRC.
 _MAX_NAMED = 3
@@ -79,9 +85,14 @@ def _record_at(path: str, offset: int) -> Optional[bool]:
 def describe(error: tf.errors.DataLossError,
              dataset: Optional[tf.data.Dataset]) -> str:
   """Returns one line naming the damaged input file behind `error`, where
-  `dataset`'s files show which one, and TensorFlow's words otherwise."""
+  `dataset`'s files show which one, and TensorFlow's words otherwise; or
+  the damaged checkpoint, where `error` names one."""
   said = user_errors.cause(error).removeprefix("DataLossError: ")
   said = re.sub(r"\s*name:\s*$", "", said)
+  bundle = _BUNDLE.search(said)
+  if bundle:
+    return (f"checkpoint {bundle.group(1)} is damaged ({said}); run the same "
+            "command again to restore the one before it")
   found = _OFFSET.search(said)
   suspects = []
   if found and dataset is not None:

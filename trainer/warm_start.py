@@ -168,6 +168,68 @@ def _several_models_hint(config: WarmStartConfig, key: str,
           f"'{config.model}' starts from")
 
 
+# What follows a variable's path in a checkpoint's key.
+_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
+# Variables of each side a different model's line lists.
+_LISTED = 3
+
+
+def _keyed_variables(root) -> Dict[str, tf.Variable]:
+  """The variables under `root` by their checkpoint keys (less `_VALUE`):
+  each one's first path in a breadth-first walk, as a save names it."""
+  found, seen, queue = {}, {id(root)}, [(root, "")]
+  for obj, path in queue:
+    if isinstance(obj, tf.Variable):
+      found[path] = obj
+      continue
+    for name, child in _children(obj).items():
+      if id(child) not in seen:
+        seen.add(id(child))
+        escaped = name.replace(".", "..").replace("/", ".S")
+        queue.append((child, f"{path}/{escaped}" if path else escaped))
+  return found
+
+
+def _shape(shape) -> str:
+  return str(tuple(shape))
+
+
+def _different_model(root, key: str, prefix: str, whole: bool,
+                     whom: str) -> Optional[str]:
+  """Says that `key` in checkpoint `prefix` holds another model than
+  `root`'s, listing a few variables of each, when their variables and
+  shapes do not line up (positional keys: a shape mismatch there compares
+  two models' unrelated layers); None when only shapes differ.
+
+  Args:
+    whole: Whether `root` is a whole model (else some of its modules, and
+      the checkpoint may hold more).
+  """
+  ours = {path: variable for path, variable in _keyed_variables(root).items()
+          if path.startswith(f"{key}/" if key else "")}
+  start = len(key) + 1 if key else 0
+  theirs = {name[:-len(_VALUE)]: shape
+            for name, shape in tf.train.list_variables(prefix)
+            if name.startswith(f"{key}/" if key else "") and
+            name.endswith(_VALUE) and "/.OPTIMIZER_SLOT/" not in name and
+            # What `model.save_weights` keeps beside the model, at ''.
+            (key or name.split("/")[0] not in ("optimizer", "save_counter"))}
+  if set(ours) == set(theirs) or (not whole and set(ours) <= set(theirs)):
+    return None
+
+  def listed(items):
+    more = ", ..." if len(items) > _LISTED else ""
+    return ", ".join(items[:_LISTED]) + more
+
+  there = [f"{name[start:]} {_shape(shape)}" for name, shape in theirs.items()]
+  here = [f"{variable.name.split(':')[0]} {_shape(variable.shape)}"
+          for variable in ours.values()]
+  return (f"`{key}` there holds a different model than {whom}: their "
+          f"variables and shapes do not line up (the checkpoint's "
+          f"{len(there)}: {listed(there)}; this model's {len(here)}: "
+          f"{listed(here)})")
+
+
 def _unmatched_variables(error: AssertionError) -> List[str]:
   return sorted(f"{name} {shape}"
                 for name, shape in _VARIABLE.findall(str(error)))
@@ -181,8 +243,9 @@ def restore(model: tf_keras.Model, config: WarmStartConfig) -> Optional[str]:
 
   Raises:
     errors.ConfigError: If the checkpoint is missing, a module is not in the
-      model, or a variable has no value or another shape in the checkpoint
-      (each is named).
+      model, a variable has no value or another shape in the checkpoint
+      (each is named), or the checkpoint holds a different model (a few
+      variables of each are listed).
   """
   if config.checkpoint is None:
     return None
@@ -209,6 +272,9 @@ def restore(model: tf_keras.Model, config: WarmStartConfig) -> Optional[str]:
     mismatch = checkpoints.shape_mismatch(e)
     if not mismatch:
       raise
+    mismatch = _different_model(
+        root, key, prefix, not config.modules,
+        f"model '{config.model}'" if config.model else "this one") or mismatch
     raise errors.ConfigError(
         f"warm start from {prefix}: {mismatch}.") from e
   source = f" (`{key}`)" if key != "model" else ""
