@@ -519,6 +519,83 @@ def test_gin_blocks_parse(block, gin_results):
   assert gin_results[block.name] is None, gin_results[block.name]
 
 
+# Gin bindings written in the prose (`trainer.train_steps = 2000`, or in a
+# `--gin_param=...`): each is parsed as gin would parse it from the command
+# line, so a parameter that does not exist fails here. A placeholder value
+# (`N`, `...`) is parsed as None; the name is still checked.
+_BINDING_NAME = r"(?:[\w.-]+/)?[A-Za-z_]\w*(?:\.\w+)+"
+_BINDING = re.compile(rf"^({_BINDING_NAME})\s*=\s*(.+)$")
+_PLACEHOLDER_VALUES = {"...", "N", "2N", "K", "value", "@X", "@MyTask",
+                       "@SomeTask()"}
+# The general form of a binding, not one.
+_TEMPLATES = {"name.parameter = value"}
+
+
+def prose_bindings(page: str) -> List[str]:
+  """The gin bindings in `page`'s inline code, in order, once each."""
+  found = []
+  for span in re.finditer(r"(?<!`)(`{1,2})(?!`)(.+?)(?<!`)\1(?!`)",
+                          _prose(page)):
+    code = span.group(2).strip()
+    flags = [next(g for g in flag.groups() if g is not None)
+             for flag in re.finditer(
+                 r"--gin_param=(?:'([^']*)'|\"([^\"]*)\"|(\S+))", code)]
+    for text in flags or [code]:
+      binding = _BINDING.match(text)
+      if not binding or text in _TEMPLATES or text in found:
+        continue
+      value = binding.group(2).strip()
+      if "(" in value and not value.startswith("@"):
+        continue  # Python (`model.noise = tf.random.Generator...`).
+      found.append(text)
+  return found
+
+
+def _checked_text(binding: str) -> str:
+  name, value = _BINDING.match(binding).groups()
+  return f"{name} = None" if value.strip() in _PLACEHOLDER_VALUES else binding
+
+
+@pytest.fixture(scope="module")
+def prose_binding_results() -> Dict[str, Optional[str]]:
+  """`page: binding` -> None, or the error gin raised parsing it."""
+  bindings = {f"{page}: {binding}": _checked_text(binding)
+              for page in pages() for binding in prose_bindings(page)}
+  result = subprocess.run(
+      [sys.executable, "-c", _GIN_PARSER], input=json.dumps(bindings),
+      cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+      check=False)
+  line = [l for l in result.stdout.splitlines() if l.startswith("RESULTS ")]
+  assert line, result.stderr[-3000:]
+  return json.loads(line[0][len("RESULTS "):])
+
+
+def test_prose_bindings_are_found():
+  bindings = prose_bindings("docs/features.md")
+  assert 'head/optimizer.name = "sgd"' in bindings
+  assert "trainer.keep_until_evaluated=True" in bindings  # In a flag.
+  assert "model.noise = tf.random.Generator.from_seed(5)" not in (
+      prose_bindings("docs/reliability.md"))
+  assert _checked_text("trainer.train_steps=2N") == "trainer.train_steps = None"
+
+
+def test_gin_refuses_a_binding_of_a_parameter_that_does_not_exist():
+  # As `backbone/learning_rate.initial = 1e-4` once stood in the docs.
+  result = subprocess.run(
+      [sys.executable, "-c", _GIN_PARSER],
+      input=json.dumps({"x": "backbone/learning_rate.initial = 1e-4"}),
+      cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+      check=False)
+  assert "doesn't have a parameter named 'initial'" in result.stdout
+
+
+@pytest.mark.parametrize("page", pages())
+def test_bindings_in_the_prose_parse(page, prose_binding_results):
+  failures = {name: error for name, error in prose_binding_results.items()
+              if name.startswith(f"{page}: ") and error is not None}
+  assert not failures, failures
+
+
 # Running the pages.
 
 

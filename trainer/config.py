@@ -76,7 +76,7 @@ class TrainerConfig:
       searched in the names of the model's trainable variables, each of
       which must match exactly one part; each part's optimizer is built
       under the gin scope of its name (`backbone/optimizer.name = "sgd"`,
-      `backbone/learning_rate.initial = 1e-4`); None: one optimizer.
+      `backbone/optimizer.learning_rate = 1e-4`); None: one optimizer.
     learning_rate_multipliers: Part name -> a factor on that part's
       learning rate (its whole schedule), e.g. `{"backbone": 0.1}`.
     batch_scaling: None, `keep_global_batch` or `keep_per_replica_batch`:

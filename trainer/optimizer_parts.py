@@ -6,7 +6,7 @@ expression searched in each variable's name) that chooses their variables:
 every trainable variable belongs to exactly one part. Each part's optimizer
 is what `Task.create_optimizer` returns under the gin scope of its name, so
 `head/optimizer.name = "sgd"` gives the head its own kind of optimizer and
-`backbone/learning_rate.initial = 1e-4` its own rate or schedule, while
+`backbone/optimizer.learning_rate = 1e-4` its own rate or schedule, while
 unscoped bindings hold for every part; `trainer.learning_rate_multipliers`
 scales a part's rate (its whole schedule) instead.
 
