@@ -365,17 +365,25 @@ def compare_replicas(one: Run, many: Run, losses_one: List[float],
   causes = []
   if not same_input:
     causes.append(DIFFERENT_INPUT_CAUSE)
-  if abs(loss_ratio - num_replicas) < 0.05 * num_replicas:
-    causes.append(AVERAGING_CAUSE)
+  averaged = abs(loss_ratio - num_replicas) < 0.05 * num_replicas
+  differing = []
   if named.several(one.model):
-    differing = [name for name, difference in model_differences(
+    differing = [repr(name) for name, difference in model_differences(
         one.model, many.model).items() if difference > weight_tolerance]
-    if differing:
-      causes.append(
-          f"the update of {', '.join(repr(n) for n in differing)} differs "
-          "with the replica count: its loss is likely averaged over each "
-          "replica's examples, not the global batch (use "
-          "tf.nn.compute_average_loss on per-example losses)")
+  # One cause for one mistake: with several models, the models it names.
+  if averaged and differing:
+    causes.append(
+        "the train_step averages the loss over the per-replica batch (the "
+        f"update of {', '.join(differing)} differs with the replica count); "
+        "divide by the global batch: tf.nn.compute_average_loss")
+  elif averaged:
+    causes.append(AVERAGING_CAUSE)
+  elif differing:
+    causes.append(
+        f"the update of {', '.join(differing)} differs with the replica "
+        "count: its loss is likely averaged over each replica's examples, "
+        "not the global batch (use tf.nn.compute_average_loss on "
+        "per-example losses)")
   for name in [n for model in named.named(one.model).values()
                for n in unsynchronized_batch_norms(model)]:
     causes.append(f"BatchNormalization layer '{name}' normalises each "

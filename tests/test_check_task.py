@@ -123,6 +123,24 @@ MY_TASKS = textwrap.dedent('''\
       def validation_step(self, inputs, model, metrics=None):
         features, labels = inputs
         return {"loss": self.build_losses(labels, model["a"](features))}
+
+
+    @gin.configurable
+    class TwoModelsAveraging(TwoModels):
+      """Both models' losses averaged per replica, both reported."""
+
+      def train_step(self, inputs, model, optimizer, metrics=None):
+        features, labels = inputs
+        with tf.GradientTape(persistent=True) as tape:
+          loss_a = tf.reduce_mean(
+              self.build_losses(labels, model["a"](features)))
+          loss_b = tf.reduce_mean(
+              self.build_losses(labels, model["b"](features)))
+        trainer.minimize(tape, loss_a, model["a"].trainable_variables,
+                         optimizer["a"])
+        trainer.minimize(tape, loss_b, model["b"].trainable_variables,
+                         optimizer["b"])
+        return {"loss": loss_a + loss_b}
 ''')
 
 # Name -> a Task class of MY_TASKS, or a gin file of the repository.
@@ -136,6 +154,7 @@ CASES = {
     "flat_labels": "FlatLabels",
     "digits": "gin/digits.gin",
     "two_models": "TwoModels",
+    "two_models_averaging": "TwoModelsAveraging",
 }
 
 
@@ -304,3 +323,20 @@ def test_several_models_name_the_one_averaged_per_replica(checks):
       "Likely cause: the update of 'b' differs with the replica count: its "
       "loss is likely averaged over each replica's examples, not the global "
       "batch (use tf.nn.compute_average_loss on per-example losses)"), failure
+
+
+def test_several_models_averaged_per_replica_give_the_cause_once(checks):
+  code, lines, stderr = checks["two_models_averaging"].result()
+  assert code == 1, stderr[-2000:]
+  failure = line(lines, "FAIL replicas: ")
+  figures = replica_figures(failure)
+  assert figures["ratio"] == pytest.approx(2.0, abs=1e-3)
+  number = r"[-+.e\d]+"
+  assert re.fullmatch(
+      rf"FAIL replicas: loss on 1 / 2 replicas: step 1 {number} / {number} "
+      rf"\(ratio 2\.0000\), step 6 {number} / {number}; max weight "
+      rf"difference {number} \(tolerance {number}\)\. Likely cause: the "
+      r"train_step averages the loss over the per-replica batch \(the "
+      r"update of 'a', 'b' differs with the replica count\); divide by the "
+      r"global batch: tf\.nn\.compute_average_loss", failure), failure
+  assert lines[-1] == "check_task | FAIL: TwoModelsAveraging"

@@ -118,13 +118,15 @@ def test_check_stops_only_near_the_replica_count(loss, total, count, stops):
     loss_scaling.check("Mine", 2, loss, total, count)
 
 
-def test_applies_to_an_own_step_of_one_model_on_several_replicas():
+def test_applies_to_an_own_step_on_several_replicas():
   task = helpers.PerReplicaMeanLinearRegression()
   model = task.build_model()
   assert loss_scaling.applies(task, model, 2)
   assert not loss_scaling.applies(task, model, 1)
   assert not loss_scaling.applies(helpers.LinearRegression(), model, 2)
-  assert not loss_scaling.applies(task, {"a": model, "b": model}, 2)
+  # Several models: checked against their own step on one device.
+  assert loss_scaling.applies(task, {"a": model, "b": model}, 2)
+  assert not loss_scaling.applies(task, {"a": model, "b": model}, 1)
 
 
 @pytest.mark.parametrize("steps_per_loop", [1, 5])
@@ -141,3 +143,118 @@ def test_the_first_loops_progress_line_reports_every_step(tmp_path, capsys,
                    for line in capsys.readouterr().out.splitlines()
                    if line.startswith("train | step")]
   assert lines["checked"] == lines["unchecked"] and lines["checked"]
+
+
+class _TwoModels(helpers.LinearRegression):
+  """Two models, each with its own optimizer (as docs/writing-a-task.md's
+  TinyGan): a regression and a critic of its outputs; `average` turns each
+  model's per-example losses into its loss."""
+
+  def __init__(self, average=tf.nn.compute_average_loss):
+    super().__init__()
+    self.average = average
+
+  def build_model(self):
+    return {"regression": super().build_model(),
+            "critic": tf_keras.Sequential([tf_keras.Input((5,)),
+                                           tf_keras.layers.Dense(1)])}
+
+  def train_step(self, inputs, model, optimizer, metrics=None):
+    features, labels = inputs
+    with tf.GradientTape(persistent=True) as tape:
+      outputs = model["regression"](features, training=True)
+      logit = model["critic"](tf.concat([features, outputs], -1))[:, 0]
+      regression_loss = self.average(self.build_losses(labels, outputs))
+      critic_loss = self.average(tf.nn.softplus(logit))
+    trainer.minimize(tape, regression_loss,
+                     model["regression"].trainable_variables,
+                     optimizer["regression"])
+    trainer.minimize(tape, critic_loss, model["critic"].trainable_variables,
+                     optimizer["critic"])
+    return {"loss": regression_loss + critic_loss}
+
+
+def _per_replica_mean(losses):
+  return tf.reduce_mean(losses)
+
+
+@pytest.mark.parametrize("run_eagerly", [False, True])
+def test_two_models_averaged_per_replica_stop_at_the_first_step(tmp_path,
+                                                                run_eagerly):
+  with pytest.raises(trainer.ConfigError) as raised:
+    _train(_TwoModels(average=_per_replica_mean), str(tmp_path),
+           run_eagerly=run_eagerly)
+  message = str(raised.value)
+  assert message.startswith(
+      "_TwoModels.train_step's loss on the first step, on replica 1 of 2, "
+      "is ")
+  ratio = float(message.split(": ")[1].split(" times")[0])
+  assert ratio == pytest.approx(2.0, rel=1e-3)  # No dropout: exactly twice.
+  assert message.endswith(
+      "so it is averaged over each replica's batch and every gradient is 2 "
+      "times too large; average over the GLOBAL batch: "
+      "tf.nn.compute_average_loss(per_example_losses) "
+      "(`trainer.check_loss_scaling=False` skips this check).")
+  assert "\n" not in message
+  assert not [name for name in os.listdir(tmp_path)
+              if name.startswith("ckpt")]
+
+
+def test_two_correct_models_train_exactly_as_without_the_check(tmp_path,
+                                                               capsys):
+  out = {}
+  for name, check in (("checked", True), ("unchecked", False)):
+    _train(_TwoModels(), str(tmp_path / name), steps=10,
+           check_loss_scaling=check)
+    out[name] = capsys.readouterr().out
+  # Checked: no line saying how to check it, nor that it was not.
+  assert "scripts/check_task.py" not in out["checked"]
+  assert "scripts/check_task.py" in out["unchecked"]
+  checked = helpers.checkpoint_numbers(str(tmp_path / "checked" / "ckpt-10"))
+  unchecked = helpers.checkpoint_numbers(
+      str(tmp_path / "unchecked" / "ckpt-10"))
+  assert set(checked) == set(unchecked)
+  assert all((checked[key] == unchecked[key]).all() for key in checked)
+
+
+@pytest.mark.parametrize("loss, reference, stops", [
+    (2.0, 2.0, True),  # The replica's loss is its batch's mean: twice.
+    (1.0, 2.0, False),  # Its share of the mean: right.
+    (-2.0, -2.0, True),  # A negative loss, as a Wasserstein critic's.
+    (2.0, None, False),  # No reference: the step did not run on one device.
+    (2.0, 0.0, False),  # A reference of 0 says nothing.
+    (float("nan"), 2.0, False),  # The guard names a NaN loss.
+])
+def test_check_several_stops_only_near_the_replica_count(loss, reference,
+                                                         stops):
+  if not stops:
+    loss_scaling.check_several("Mine", 2, loss, reference)
+    return
+  with pytest.raises(trainer.ConfigError, match=(
+      rf"^Mine.train_step's loss on the first step, on replica 1 of 2, is "
+      rf"{loss:g}: 2.00 times its share \(1/2\) of what the same step "
+      rf"reports for that replica's batch on one device \({reference:g}\), ")):
+    loss_scaling.check_several("Mine", 2, loss, reference)
+
+
+class _OnlyOnReplicas(_TwoModels):
+  """A step that cannot run on one device."""
+
+  def train_step(self, inputs, model, optimizer, metrics=None):
+    if tf.distribute.get_replica_context().num_replicas_in_sync == 1:
+      raise ValueError("needs several replicas")
+    return super().train_step(inputs, model, optimizer, metrics)
+
+
+def test_a_step_that_cannot_run_on_one_device_says_it_is_not_checked(
+    tmp_path, capsys):
+  _train(_OnlyOnReplicas(average=_per_replica_mean), str(tmp_path),
+         steps=10)
+  assert [line for line in capsys.readouterr().out.splitlines()
+          if line.startswith("warning |")] == [
+              "warning | _OnlyOnReplicas.train_step's loss scaling is not "
+              "checked: its step could not run on one device for the "
+              "reference (ValueError: needs several replicas); "
+              "scripts/check_task.py with these gin files checks it against "
+              "one device"]
+  assert helpers.checkpoint_step(str(tmp_path)) == 10

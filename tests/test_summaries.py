@@ -134,3 +134,30 @@ def test_reporter_ignores_a_wait_not_worth_acting_on(tmp_path, capsys):
   assert "input-bound" not in capsys.readouterr().out
   assert helpers.read_scalars(str(tmp_path))["input_wait_fraction"] == [
       (10, pytest.approx(0.5))]
+
+
+def test_reporter_ignores_a_toy_models_large_share_of_a_small_wait(tmp_path,
+                                                                   capsys):
+  reporter = _reporter(tmp_path, _Clock(), summary_interval=10)
+  # A toy Task on 2 replicas: 74% of 1.4 ms steps waiting, 1.04 ms a step
+  # (seen: "74% of the time (1.0 ms a step)"); a millisecond a step is
+  # nothing worth acting on.
+  metrics = lambda: {"loss": 1.0, "input_wait_seconds": 0.0104}  # noqa: E731
+  reporter.after_loop(10, 10, 0.014, 1.0, None, metrics)
+  assert "input-bound" not in capsys.readouterr().out
+  assert helpers.read_scalars(str(tmp_path))["input_wait_fraction"] == [
+      (10, pytest.approx(0.0104 / 0.014))]
+
+
+def test_reporter_warns_where_the_same_share_is_a_large_wait(tmp_path,
+                                                             capsys):
+  reporter = _reporter(tmp_path, _Clock(), summary_interval=10)
+  # The same share of 50 ms steps: 37 ms a step waiting.
+  metrics = lambda: {"loss": 1.0, "input_wait_seconds": 0.37}  # noqa: E731
+  reporter.after_loop(10, 10, 0.5, 1.0, None, metrics)
+  assert [line for line in capsys.readouterr().out.splitlines()
+          if line.startswith("warning |")] == [
+              "warning | input-bound: the steps to 10 waited for input 74% "
+              "of the time (37.0 ms a step); scripts/benchmark_input.py "
+              "times the pipeline alone, and the performance guide lists "
+              "remedies."]

@@ -98,9 +98,11 @@ class TrainerConfig:
       no trace.
     check_loss_scaling: On the first step of a new run on several
       replicas, with the Task's own `train_step`, compare its loss with the
-      global-batch mean of `build_losses` on the same batch, and stop where
-      it is the replica count times that (averaged per replica): one extra
-      forward pass, once (`trainer.loss_scaling`).
+      global-batch mean of `build_losses` on the same batch (with several
+      models: the first replica's loss with what the same step reports for
+      its batch on one device), and stop where it is the replica count
+      times that (averaged per replica): one extra forward pass (several
+      models: one step on one device), once (`trainer.loss_scaling`).
     optimizer: `optimizer.*`.
     learning_rate: `learning_rate.*`.
     ema: `ema.*`.

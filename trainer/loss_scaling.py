@@ -20,30 +20,47 @@ cannot be called that way (its own step calls them otherwise) is not
 checked: the error tracing the reference raises is dropped. Dropout makes
 the two passes differ a little; the band is wide (a correct loss is within
 a few per cent of the reference; the mistake gives N times it).
+
+A Task of several models (`trainer.named`) has no one model for its
+`build_losses` (a GAN's losses are the models' outputs on each other's), so
+its reference is its own step (`OneDeviceStep`): on one device the mistake
+and the correct scaling give the same loss, so the first replica's batch
+goes through the same `train_step` on one device, on copies of the models
+made before the first step, and `check_several` stops the run where the
+first replica's loss is N times its 1/N share of that one-device loss.
 """
 
+import concurrent.futures
 import math
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import tensorflow as tf
 import tf_keras
 
+from trainer import console
 from trainer import errors
 from trainer import named
 from trainer import task as task_lib
+from trainer import user_errors
 
 # How far from N times the reference a loss may be and still be the mistake:
 # within 20 % of it (N >= 2 keeps the band clear of 1, a correct loss).
 TOLERANCE = 0.2
 
 
+# The fix, the same for both checks.
+_FIX = ("average over the GLOBAL batch: "
+        "tf.nn.compute_average_loss(per_example_losses) "
+        "(`trainer.check_loss_scaling=False` skips this check).")
+
+
 def applies(task: task_lib.Task, model, num_replicas: int) -> bool:
   """Whether a new run of `task` on `num_replicas` replicas is checked: the
-  Task overrides `train_step` and defines `build_losses`, and builds one
-  model."""
-  return (num_replicas > 1 and not named.several(model) and
-          task_lib.overrides(task, "train_step") and
-          task_lib.overrides(task, "build_losses"))
+  Task overrides `train_step` and builds several models, or one model and
+  its own `build_losses`."""
+  return (num_replicas > 1 and task_lib.overrides(task, "train_step") and
+          (named.several(model) or
+           task_lib.overrides(task, "build_losses")))
 
 
 def _restorable(model: tf_keras.Model) -> List[tf.Variable]:
@@ -100,9 +117,7 @@ def check(task_name: str, num_replicas: int, loss: float, total: float,
       f"{num_replicas} replicas, is {loss:.4g}: {ratio:.2f} times the "
       f"global-batch mean of build_losses on the same batch "
       f"({total / count:.4g}), so it is averaged over each replica's batch "
-      f"and every gradient is {num_replicas} times too large; average over "
-      "the GLOBAL batch: tf.nn.compute_average_loss(per_example_losses) "
-      "(`trainer.check_loss_scaling=False` skips this check).")
+      f"and every gradient is {num_replicas} times too large; " + _FIX)
 
 
 def _ratio(loss: float, total: float, count: float) -> Optional[float]:
@@ -114,3 +129,105 @@ def _ratio(loss: float, total: float, count: float) -> Optional[float]:
   if mean <= 0 or loss <= 0:
     return None
   return loss / mean
+
+
+class OneDeviceStep:
+  """A Task's own `train_step` on one device (the host's CPU: no
+  accelerator memory), on copies of its several models.
+
+  The copies are built by `build_model` when the object is made, with the
+  weights the models have then (before the first step); each trained model
+  gets SGD at learning rate 0 (wrapped for float16 loss scaling where the
+  run's optimizer is), so the step leaves the copies as they were, and
+  fresh metrics. A Task whose models cannot be copied or whose step cannot
+  run there is not checked: `loss` prints a line saying why.
+
+  Both run in a thread of their own: the run's loop is inside its
+  strategy's scope, which is per thread, and TensorFlow refuses to enter
+  another strategy's scope inside it.
+  """
+
+  def __init__(self, task: task_lib.Task, models, optimizers):
+    self._task = task
+    self._strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    self._failure = None
+    try:
+      # Read here, in the run's strategy: its variables refuse another's.
+      weights = [w.numpy() for w in named.weights(models)]
+      _alone(self._copy, weights, optimizers)
+    except Exception as e:  # pylint: disable=broad-except
+      self._failure = e
+
+  def _copy(self, weights, optimizers) -> None:
+    """Builds the copies, with `weights` (`named.weights`' values)."""
+    with self._strategy.scope():
+      self._models = self._task.build_model()
+      copies = named.weights(self._models)
+      if [tuple(w.shape) for w in copies] != [w.shape for w in weights]:
+        raise ValueError("build_model built other weights the second time")
+      for copy, value in zip(copies, weights):
+        copy.assign(value)
+      self._optimizers = {
+          name: _still(optimizer)
+          for name, optimizer in named.named(optimizers).items()}
+      self._metrics = self._task.build_metrics(training=True)
+
+  def _loss(self, batch: Any) -> float:
+    step = tf.function(lambda inputs: self._strategy.run(
+        self._task.train_step,
+        args=(inputs, self._models, self._optimizers, self._metrics)))
+    return float(step(batch)["loss"])
+
+  def loss(self, batch: Any) -> Optional[float]:
+    """What the step reports as `loss` for `batch` (one replica's), or None
+    where it cannot run (a line says why)."""
+    if self._failure is None:
+      try:
+        return _alone(self._loss, batch)
+      except Exception as e:  # pylint: disable=broad-except
+        self._failure = e
+    console.warning(
+        f"{type(self._task).__name__}.train_step's loss scaling is not "
+        "checked: its step could not run on one device for the reference "
+        f"({user_errors.cause(self._failure)}); scripts/check_task.py with "
+        "these gin files checks it against one device")
+    return None
+
+
+def _alone(fn, *args):
+  """`fn(*args)`, in a thread of its own (outside the run's strategy)."""
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    return pool.submit(fn, *args).result()
+
+
+def _still(optimizer: tf_keras.optimizers.Optimizer
+           ) -> tf_keras.optimizers.Optimizer:
+  """SGD at learning rate 0, loss-scaled where `optimizer` is."""
+  sgd = tf_keras.optimizers.SGD(0.0)
+  if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
+    return tf_keras.mixed_precision.LossScaleOptimizer(sgd)
+  return sgd
+
+
+def check_several(task_name: str, num_replicas: int, loss: float,
+                  reference: Optional[float]) -> None:
+  """Stops the run if the first replica's first-step `loss` is
+  `num_replicas` times its share of `reference`, what the same step reports
+  for that replica's batch on one device (`OneDeviceStep`).
+
+  Raises:
+    errors.ConfigError: Naming the figures and the fix.
+  """
+  if (reference is None or not math.isfinite(loss) or
+      not math.isfinite(reference) or reference == 0):
+    return
+  ratio = loss * num_replicas / reference
+  if abs(ratio / num_replicas - 1.0) > TOLERANCE:
+    return
+  raise errors.ConfigError(
+      f"{task_name}.train_step's loss on the first step, on replica 1 of "
+      f"{num_replicas}, is {loss:.4g}: {ratio:.2f} times its share (1/"
+      f"{num_replicas}) of what the same step reports for that replica's "
+      f"batch on one device ({reference:.4g}), so it is averaged over each "
+      f"replica's batch and every gradient is {num_replicas} times too "
+      "large; " + _FIX)

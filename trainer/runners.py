@@ -127,8 +127,9 @@ class TaskTrainer(orbit.StandardTrainer):
     # input can be skipped to `global_step + discarded_batches` on resume.
     self.discarded_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
                                          name="discarded_batches")
-    # The first step's loss and the sum and count of `build_losses` on its
-    # batch, where the loss scaling is checked.
+    # Where the loss scaling is checked, the first step's loss and: for one
+    # model, the sum and count of `build_losses` on its batch; for several,
+    # the first replica's loss and 0.
     self._loss_check = tf.Variable(tf.zeros([3], tf.float64),
                                    trainable=False, name="loss_check")
     self._scheduled = isinstance(
@@ -258,11 +259,17 @@ class TaskTrainer(orbit.StandardTrainer):
     if self._train_loop_fn is None:
       self._train_loop_fn = self.create_train_loop_fn()
     loop_fn = self._train_loop_fn
+    several = named.several(self.model)
+    # Several models: their copies, made before the step updates them.
+    one_device = (loss_scaling.OneDeviceStep(self.task, self.model,
+                                             self.optimizer)
+                  if several else None)
+    first_batch = []  # Several models: the first replica's batch.
 
     def first_loop(iterator, num_steps):
       # The checked step alone, then the loop's other steps: the step is
       # traced twice, not three times (measured on a ResNet-18).
-      loop_fn(iterator, num_steps, check_first_step=True)
+      first_batch.append(loop_fn(iterator, num_steps, check_first_step=True))
       first_loss, nonfinite_step, _ = self._status.numpy()
       rest = int(num_steps) - 1
       if nonfinite_step >= 0 or rest <= 0:
@@ -278,6 +285,11 @@ class TaskTrainer(orbit.StandardTrainer):
     finally:
       self._train_loop_fn = loop_fn
     loss, total, count = self._loss_check.numpy()
+    if several:
+      loss_scaling.check_several(
+          type(self.task).__name__, self.strategy.num_replicas_in_sync, total,
+          one_device.loss(first_batch[0]))
+      return
     loss_scaling.check(type(self.task).__name__,
                        self.strategy.num_replicas_in_sync, loss, total,
                        count)
@@ -408,7 +420,10 @@ class TaskTrainer(orbit.StandardTrainer):
   def _checked_replica_step(self, inputs):
     """The replica step, after the reference losses of its batch (on the
     weights before the update: automatic control dependencies order
-    variable reads and writes as written)."""
+    variable reads and writes as written); with several models, the step
+    (its reference runs on one device, `loss_scaling.OneDeviceStep`)."""
+    if named.several(self.model):
+      return self._replica_step(inputs), ()
     reference = loss_scaling.reference_losses(self.task, self.model, inputs)
     with tf.control_dependencies(reference):
       return self._replica_step(inputs), reference
@@ -448,8 +463,9 @@ class TaskTrainer(orbit.StandardTrainer):
       total = tf.constant(0.0)
       done = tf.constant(0.0)
       nonfinite_step = tf.constant(-1, tf.int64)
+      first_batch = None
       if check_first_step:  # One step, traced once: a new run's first.
-        loss = self._step(iterator, check_loss_scaling=True)
+        loss, first_batch = self._step(iterator, check_loss_scaling=True)
         finite = tf.math.is_finite(loss)
         total = tf.where(finite, loss, 0.0)
         done = tf.cast(finite, tf.float32)
@@ -467,6 +483,7 @@ class TaskTrainer(orbit.StandardTrainer):
       self._status.assign(tf.stack([
           tf.cast(total / tf.maximum(done, 1.0), tf.float64),
           tf.cast(nonfinite_step, tf.float64), self._scheduled_rate()]))
+      return first_batch
 
     self._compiled_loop = None if self._run_eagerly else tf.function(loop)
     return self._compiled_loop or loop
@@ -495,9 +512,14 @@ class TaskTrainer(orbit.StandardTrainer):
     """Runs one step on every replica; returns the global mean loss."""
     return self._step(iterator)
 
-  def _step(self, iterator, check_loss_scaling: bool = False) -> tf.Tensor:
-    """`train_step`; `check_loss_scaling` also records the loss and the
-    reference losses of the batch, for `trainer.loss_scaling.check`."""
+  def _step(self, iterator, check_loss_scaling: bool = False):
+    """`train_step`; returns the global mean loss.
+
+    `check_loss_scaling` also records the loss and the reference losses of
+    the batch, for `trainer.loss_scaling.check`, or with several models the
+    first replica's loss, for `check_several`; and returns
+    `(loss, the first replica's batch or None)`.
+    """
     waited = tf.constant(0.0, tf.float64)
     if self._measures_input_wait():
       # The time `next` blocks is the time the step waited for the input
@@ -522,7 +544,15 @@ class TaskTrainer(orbit.StandardTrainer):
           f"{' ' + str(sorted(logs)) if isinstance(logs, dict) else ''}.")
     loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, logs["loss"],
                                 axis=None)
-    if check_loss_scaling:
+    first_batch = None
+    if check_loss_scaling and named.several(self.model):
+      first_batch = self.strategy.experimental_local_results(batch)[0]
+      first = tf.cast(self.strategy.experimental_local_results(
+          logs["loss"])[0], tf.float64)
+      zero = tf.constant(0.0, tf.float64)
+      self._loss_check.assign(tf.stack([tf.cast(loss, tf.float64), first,
+                                        zero]))
+    elif check_loss_scaling:
       total, count = (self.strategy.reduce(tf.distribute.ReduceOp.SUM, value,
                                            axis=None) for value in reference)
       self._loss_check.assign(tf.stack([tf.cast(loss, tf.float64), total,
@@ -546,6 +576,8 @@ class TaskTrainer(orbit.StandardTrainer):
     # batch had not come).
     with tf.control_dependencies([window]):
       self.global_step.assign_add(1)
+    if check_loss_scaling:
+      return tf.cast(loss, tf.float32), first_batch
     return tf.cast(loss, tf.float32)
 
   def _add_extra_scalars(self, logs: Dict[str, object]) -> None:
