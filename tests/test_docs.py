@@ -386,6 +386,19 @@ def test_the_readme_is_a_front_door():
           target)
 
 
+def test_commands_install_and_serve_from_the_quick_starts_environment():
+  # A bare `pip install -e '.[docs]' && mkdocs serve` leaves the Quick
+  # start's .venv: it installs the whole stack again into another Python.
+  for page in pages():
+    for block in blocks(page):
+      if block.language not in SHELL:
+        continue
+      bare = re.findall(r"(?:^|[\s;&|(])((?:pip3?|mkdocs)\s)", block.text,
+                        flags=re.M)
+      assert not bare, (f"{block.name}: write .venv/bin/{bare[0].strip()}, "
+                        "the Quick start's environment")
+
+
 def test_ci_runs_the_readme_test_command_and_builds_the_site():
   with open(README, encoding="utf-8") as f:
     readme = f.read()
