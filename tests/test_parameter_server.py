@@ -157,6 +157,46 @@ def test_each_role_runs_its_own_mode(monkeypatch):
         runtime, "train", trainer.TrainerConfig(on_nonfinite="rollback"))
 
 
+def test_a_lost_ps_is_one_line_wherever_the_chief_meets_it(monkeypatch):
+  from trainer import errors
+  from trainer import parameter_server
+
+  _tf_config(monkeypatch, "chief")
+  reset = ("recvmsg:Connection reset by peer\nAdditional GRPC error "
+           "information from remote target /job:ps/replica:0/task:0/device:"
+           "CPU:0 while calling /tensorflow.eager.EagerService/Enqueue")
+  refused = ("failed to connect to all addresses; last error: UNKNOWN: "
+             "ipv4:127.0.0.1:3: Failed to connect to remote host: Connection "
+             "refused\nAdditional GRPC error information from remote target "
+             "/job:ps/replica:0/task:0 while calling /tensorflow.eager."
+             "EagerService/Enqueue")
+  tail = (": the variables it held are lost; the checkpoints saved before "
+          "stay: restart it, then run the chief's command again to resume "
+          "from the newest")
+  for error, line in [
+      (tf.errors.UnavailableError(None, None, reset),
+       "ps 0 at 127.0.0.1:3 is unreachable" + tail),
+      (tf.errors.UnavailableError(None, None, refused),
+       "ps 0 at 127.0.0.1:3 is unreachable (Connection refused)" + tail),
+      (tf.errors.InternalError(None, None, "Failed copying input tensor: "
+                               + reset),
+       "ps 0 at 127.0.0.1:3 is unreachable" + tail)]:
+    with pytest.raises(errors.RunError) as raised:
+      with parameter_server.naming_lost_ps():
+        raise error
+    assert str(raised.value) == line
+    assert raised.value.__cause__ is error
+  # A ps op's own failure, and a worker's loss, stay what they are.
+  for error in [
+      tf.errors.InvalidArgumentError(
+          None, None, "Shapes [3] and [4] are incompatible; on "
+          "/job:ps/replica:0/task:0/device:CPU:0"),
+      tf.errors.UnavailableError(None, None, reset.replace("ps", "worker"))]:
+    with pytest.raises(type(error)):
+      with parameter_server.naming_lost_ps():
+        raise error
+
+
 class _Job:
   """A parameter-server job's processes (`python train.py`, each with its
   TF_CONFIG task) run from `directory`, their output in files there."""
@@ -239,6 +279,36 @@ def test_a_lost_ps_is_named_and_the_chief_resumes_after_its_restart(
   out = chief.out.read_text()
   assert f"restored checkpoint run/ckpt-{newest} at step {newest}" in out
   assert helpers.checkpoint_step(str(tmp_path / "run")) == newest + 100
+
+
+_LOST_PS_LINE = (
+    r"train\.py: error: ps 0 at {} is unreachable( \([^()]+\))?: the "
+    r"variables it held are lost; the checkpoints saved before stay: restart "
+    r"it, then run the chief's command again to resume from the newest")
+
+
+@pytest.mark.slow
+def test_a_ps_lost_between_loops_is_named(tmp_path):
+  # Killed as the chief prints a loop's progress line: it then reads the
+  # loop's metrics and saves, both from the ps, before the next loop.
+  job = _Job(tmp_path, ["gin/digits.gin", "gin/runtime/parameter_server.gin"],
+             1)
+  try:
+    servers = job.servers()
+    chief = job.launch("chief", 0, 100000)
+    deadline = time.time() + TIMEOUT
+    while not re.search(r"^train \| step +200/", chief.out.read_text(),
+                        re.MULTILINE):
+      assert time.time() < deadline and chief.poll() is None, (
+          chief.out.read_text()[-3000:])
+      time.sleep(0.02)
+    servers[0].kill()  # ps 0.
+    assert chief.wait(timeout=60) == 1, chief.out.read_text()[-3000:]
+  finally:
+    job.close()
+  last = chief.out.read_text().strip().splitlines()[-1]
+  assert re.fullmatch(_LOST_PS_LINE.format(job.cluster["ps"][0]), last), last
+  assert helpers.checkpoint_step(str(tmp_path / "run")) >= 100
 
 
 @pytest.mark.slow
