@@ -6,6 +6,7 @@ at the end."""
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -195,6 +196,41 @@ def test_a_lost_ps_is_one_line_wherever_the_chief_meets_it(monkeypatch):
     with pytest.raises(type(error)):
       with parameter_server.naming_lost_ps():
         raise error
+
+
+def test_a_chief_whose_ps_never_answers_says_so_and_gives_up(tmp_path):
+  chief_port, worker_port, ps_port = helpers.free_ports(3)
+  cluster = {"chief": [f"127.0.0.1:{chief_port}"],
+             "worker": [f"127.0.0.1:{worker_port}"],
+             "ps": [f"127.0.0.1:{ps_port}"]}
+  with socket.socket() as worker:  # Answers as a worker's server does.
+    worker.bind(("127.0.0.1", worker_port))
+    worker.listen()
+    chief = helpers.TrainProcess(
+        ["--gin_file=gin/digits.gin",
+         "--gin_file=gin/runtime/parameter_server.gin",
+         "--gin_param=runtime.cluster_wait_timeout=6", "--mode=train",
+         f"--model_dir={tmp_path / 'run'}"],
+        env={"TF_CONFIG": json.dumps(
+            {"cluster": cluster, "task": {"type": "chief", "index": 0}})})
+    try:
+      chief.wait_for(r"^cluster \| TF_CONFIG: ", timeout=60)
+      started = time.time()
+      chief.wait_for(
+          rf"^cluster \| waiting for ps 0 at 127\.0\.0\.1:{ps_port} "
+          r"\(Connection refused\) to answer \([34] s; the chief gives up "
+          r"after 6 s, `runtime\.cluster_wait_timeout`\)$", timeout=10)
+      assert chief.finish(timeout=30) == 1, chief.stderr[-3000:]
+    finally:
+      chief.close()
+  waited = time.time() - started
+  assert 6 <= waited < 12, waited
+  assert chief.stderr.splitlines()[-1] == (
+      f"train.py: error: ps 0 at 127.0.0.1:{ps_port} (Connection refused) "
+      "did not answer within 6 s (`runtime.cluster_wait_timeout`): start it "
+      "with its command, or correct its address in TF_CONFIG; nothing was "
+      "trained or written")
+  assert not (tmp_path / "run").exists()
 
 
 class _Job:

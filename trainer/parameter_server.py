@@ -110,21 +110,33 @@ def _partitioner(name: str, args: Optional[Dict[str, Any]]):
 
 
 def create_strategy(partitioner: Optional[str],
-                    partitioner_args: Optional[Dict[str, Any]]
+                    partitioner_args: Optional[Dict[str, Any]],
+                    wait_timeout: Optional[float] = None
                     ) -> tf.distribute.Strategy:
-  """Builds the chief's `ParameterServerStrategy` from TF_CONFIG.
+  """Builds the chief's `ParameterServerStrategy` from TF_CONFIG, once its
+  workers and parameter servers answer (`cluster.wait_for_tasks`, at most
+  `wait_timeout` seconds).
 
   Model Garden's `distribute_utils` builds one without a partitioner, so
   this builds it directly.
 
   Raises:
     errors.ConfigError: Without TF_CONFIG.
+    errors.RunError: If a task does not answer within `wait_timeout`.
   """
   if cluster.read_tf_config() is None:
     raise errors.ConfigError(
         "'parameter_server' needs TF_CONFIG with chief, worker and ps tasks.")
+  resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+  spec = resolver.cluster_spec()
+  # The strategy connects to each of them, and waits for any missing.
+  cluster.wait_for_tasks(
+      {f"{task_type} {index}": spec.task_address(task_type, index)
+       for task_type in ("ps", "worker")
+       for index in range(cluster.num_tasks(task_type, spec))},
+      wait_timeout)
   return tf.distribute.experimental.ParameterServerStrategy(
-      tf.distribute.cluster_resolver.TFConfigClusterResolver(),
+      resolver,
       variable_partitioner=(_partitioner(partitioner, partitioner_args)
                             if partitioner else None))
 
