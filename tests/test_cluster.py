@@ -286,3 +286,61 @@ def test_the_default_port_rule_gives_every_task_of_a_job_the_same_base():
                     local_id=1, proc_id=1)
   assert slurm.port_base(step, None) == 15000 + 16 * 456
   assert slurm.port_base(step, 30000) == 30000
+
+
+class _Clock:
+  """A clock that moves only when slept on."""
+
+  def __init__(self):
+    self.now = 100.0
+
+  def __call__(self):
+    return self.now
+
+  def sleep(self, seconds):
+    self.now += seconds
+
+
+def test_the_chief_says_which_tasks_it_waits_for_then_gives_up(capsys):
+  clock = _Clock()
+  tasks = {"ps 0": "10.0.0.4:2222", "worker 0": "10.0.0.2:2222"}
+  probe = lambda address: (None if address == "10.0.0.2:2222"
+                           else "Connection refused")
+  with pytest.raises(errors.RunError) as raised:
+    cluster.wait_for_tasks(tasks, 65, probe_fn=probe, clock=clock,
+                           sleep=clock.sleep)
+  waiting = ("cluster | waiting for ps 0 at 10.0.0.4:2222 (Connection "
+             "refused) to answer ({} s; the chief gives up after 65 s, "
+             "`runtime.cluster_wait_timeout`)\n")
+  assert capsys.readouterr().out == waiting.format(3) + waiting.format(33) + (
+      waiting.format(63))
+  assert str(raised.value) == (
+      "ps 0 at 10.0.0.4:2222 (Connection refused) did not answer within 65 s "
+      "(`runtime.cluster_wait_timeout`): start it with its command, or "
+      "correct its address in TF_CONFIG; nothing was trained or written")
+  assert clock.now == 165.0
+
+
+def test_tasks_that_answer_late_end_the_wait_with_a_line(capsys):
+  clock = _Clock()
+  tasks = {"ps 0": "10.0.0.4:2222", "worker 0": "10.0.0.2:2222"}
+  probe = lambda address: "Connection refused" if clock.now < 105 else None
+  cluster.wait_for_tasks(tasks, None, probe_fn=probe, clock=clock,
+                         sleep=clock.sleep)
+  assert capsys.readouterr().out == (
+      "cluster | waiting for ps 0 at 10.0.0.4:2222 (Connection refused), "
+      "worker 0 at 10.0.0.2:2222 (Connection refused) to answer (3 s)\n"
+      "cluster | every task answers (after 5 s)\n")
+  # Tasks that answer at once: not a word.
+  cluster.wait_for_tasks(tasks, 1, probe_fn=lambda address: None,
+                         clock=clock, sleep=clock.sleep)
+  assert capsys.readouterr().out == ""
+
+
+def test_a_probe_says_why_nothing_answers():
+  with socket.socket() as listening:
+    listening.bind(("127.0.0.1", 0))
+    listening.listen()
+    address = f"127.0.0.1:{listening.getsockname()[1]}"
+    assert cluster.probe(address) is None
+  assert cluster.probe(address) == "Connection refused"

@@ -6,6 +6,7 @@ at the end."""
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -157,6 +158,81 @@ def test_each_role_runs_its_own_mode(monkeypatch):
         runtime, "train", trainer.TrainerConfig(on_nonfinite="rollback"))
 
 
+def test_a_lost_ps_is_one_line_wherever_the_chief_meets_it(monkeypatch):
+  from trainer import errors
+  from trainer import parameter_server
+
+  _tf_config(monkeypatch, "chief")
+  reset = ("recvmsg:Connection reset by peer\nAdditional GRPC error "
+           "information from remote target /job:ps/replica:0/task:0/device:"
+           "CPU:0 while calling /tensorflow.eager.EagerService/Enqueue")
+  refused = ("failed to connect to all addresses; last error: UNKNOWN: "
+             "ipv4:127.0.0.1:3: Failed to connect to remote host: Connection "
+             "refused\nAdditional GRPC error information from remote target "
+             "/job:ps/replica:0/task:0 while calling /tensorflow.eager."
+             "EagerService/Enqueue")
+  tail = (": the variables it held are lost; the checkpoints saved before "
+          "stay: restart it, then run the chief's command again to resume "
+          "from the newest")
+  for error, line in [
+      (tf.errors.UnavailableError(None, None, reset),
+       "ps 0 at 127.0.0.1:3 is unreachable" + tail),
+      (tf.errors.UnavailableError(None, None, refused),
+       "ps 0 at 127.0.0.1:3 is unreachable (Connection refused)" + tail),
+      (tf.errors.InternalError(None, None, "Failed copying input tensor: "
+                               + reset),
+       "ps 0 at 127.0.0.1:3 is unreachable" + tail)]:
+    with pytest.raises(errors.RunError) as raised:
+      with parameter_server.naming_lost_ps():
+        raise error
+    assert str(raised.value) == line
+    assert raised.value.__cause__ is error
+  # A ps op's own failure, and a worker's loss, stay what they are.
+  for error in [
+      tf.errors.InvalidArgumentError(
+          None, None, "Shapes [3] and [4] are incompatible; on "
+          "/job:ps/replica:0/task:0/device:CPU:0"),
+      tf.errors.UnavailableError(None, None, reset.replace("ps", "worker"))]:
+    with pytest.raises(type(error)):
+      with parameter_server.naming_lost_ps():
+        raise error
+
+
+def test_a_chief_whose_ps_never_answers_says_so_and_gives_up(tmp_path):
+  chief_port, worker_port, ps_port = helpers.free_ports(3)
+  cluster = {"chief": [f"127.0.0.1:{chief_port}"],
+             "worker": [f"127.0.0.1:{worker_port}"],
+             "ps": [f"127.0.0.1:{ps_port}"]}
+  with socket.socket() as worker:  # Answers as a worker's server does.
+    worker.bind(("127.0.0.1", worker_port))
+    worker.listen()
+    chief = helpers.TrainProcess(
+        ["--gin_file=gin/digits.gin",
+         "--gin_file=gin/runtime/parameter_server.gin",
+         "--gin_param=runtime.cluster_wait_timeout=6", "--mode=train",
+         f"--model_dir={tmp_path / 'run'}"],
+        env={"TF_CONFIG": json.dumps(
+            {"cluster": cluster, "task": {"type": "chief", "index": 0}})})
+    try:
+      chief.wait_for(r"^cluster \| TF_CONFIG: ", timeout=60)
+      started = time.time()
+      chief.wait_for(
+          rf"^cluster \| waiting for ps 0 at 127\.0\.0\.1:{ps_port} "
+          r"\(Connection refused\) to answer \([34] s; the chief gives up "
+          r"after 6 s, `runtime\.cluster_wait_timeout`\)$", timeout=10)
+      assert chief.finish(timeout=30) == 1, chief.stderr[-3000:]
+    finally:
+      chief.close()
+  waited = time.time() - started
+  assert 6 <= waited < 12, waited
+  assert chief.stderr.splitlines()[-1] == (
+      f"train.py: error: ps 0 at 127.0.0.1:{ps_port} (Connection refused) "
+      "did not answer within 6 s (`runtime.cluster_wait_timeout`): start it "
+      "with its command, or correct its address in TF_CONFIG; nothing was "
+      "trained or written")
+  assert not (tmp_path / "run").exists()
+
+
 class _Job:
   """A parameter-server job's processes (`python train.py`, each with its
   TF_CONFIG task) run from `directory`, their output in files there."""
@@ -239,6 +315,36 @@ def test_a_lost_ps_is_named_and_the_chief_resumes_after_its_restart(
   out = chief.out.read_text()
   assert f"restored checkpoint run/ckpt-{newest} at step {newest}" in out
   assert helpers.checkpoint_step(str(tmp_path / "run")) == newest + 100
+
+
+_LOST_PS_LINE = (
+    r"train\.py: error: ps 0 at {} is unreachable( \([^()]+\))?: the "
+    r"variables it held are lost; the checkpoints saved before stay: restart "
+    r"it, then run the chief's command again to resume from the newest")
+
+
+@pytest.mark.slow
+def test_a_ps_lost_between_loops_is_named(tmp_path):
+  # Killed as the chief prints a loop's progress line: it then reads the
+  # loop's metrics and saves, both from the ps, before the next loop.
+  job = _Job(tmp_path, ["gin/digits.gin", "gin/runtime/parameter_server.gin"],
+             1)
+  try:
+    servers = job.servers()
+    chief = job.launch("chief", 0, 100000)
+    deadline = time.time() + TIMEOUT
+    while not re.search(r"^train \| step +200/", chief.out.read_text(),
+                        re.MULTILINE):
+      assert time.time() < deadline and chief.poll() is None, (
+          chief.out.read_text()[-3000:])
+      time.sleep(0.02)
+    servers[0].kill()  # ps 0.
+    assert chief.wait(timeout=60) == 1, chief.out.read_text()[-3000:]
+  finally:
+    job.close()
+  last = chief.out.read_text().strip().splitlines()[-1]
+  assert re.fullmatch(_LOST_PS_LINE.format(job.cluster["ps"][0]), last), last
+  assert helpers.checkpoint_step(str(tmp_path / "run")) >= 100
 
 
 @pytest.mark.slow

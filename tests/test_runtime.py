@@ -66,6 +66,10 @@ from trainer import runtime
      "cannot read variables placed on the parameter servers."),
     (dict(distribution_strategy="tpu", tpu="local", enable_xla=True),
      "TPU steps are always compiled with XLA"),
+    (dict(cluster_wait_timeout=0),
+     "`runtime.cluster_wait_timeout` (0) must be positive."),
+    (dict(cluster_wait_timeout=-30.0),
+     "`runtime.cluster_wait_timeout` (-30.0) must be positive."),
 ])
 def test_invalid_settings_fail_on_construction(settings, message):
   with pytest.raises(errors.ConfigError) as raised:

@@ -353,6 +353,79 @@ def num_tasks(task_type: str,
   return len(spec.as_dict().get(task_type, []))
 
 
+# How often the tasks are asked, and when the waiting is said: after the
+# first seconds (tasks started with the chief are still importing
+# TensorFlow), then at a slow cadence.
+PROBE_SECONDS = 0.5
+FIRST_REPORT_SECONDS = 3.0
+REPORT_SECONDS = 30.0
+
+
+def probe(address: str, timeout: float = 1.0) -> Optional[str]:
+  """Returns None if something listens at `address` (`host:port`: a task's
+  gRPC server), else why not (`Connection refused`)."""
+  host, port = address.rsplit(":", 1)
+  try:
+    socket.create_connection((host, int(port)), timeout=timeout).close()
+  except OSError as e:
+    return e.strerror or type(e).__name__
+  return None
+
+
+def wait_for_tasks(tasks: Dict[str, str], timeout: Optional[float],
+                   probe_fn=probe, clock=time.monotonic,
+                   sleep=time.sleep) -> None:
+  """Waits until every task answers at its address.
+
+  TensorFlow's parameter-server strategy waits for every worker and ps
+  without limit and without a word when one is missing (measured: minutes,
+  in `context.ensure_initialized`). This says which tasks do not answer,
+  after `FIRST_REPORT_SECONDS` then every `REPORT_SECONDS`, and gives up
+  after `timeout` seconds (`runtime.cluster_wait_timeout`; None: never).
+
+  Args:
+    tasks: Name (`ps 0`) -> `host:port`.
+    timeout: Seconds to wait at most; None waits as long as it takes.
+    probe_fn: `probe`; tests pass their own.
+    clock: Seconds, monotonic.
+    sleep: Waits a number of seconds.
+
+  Raises:
+    errors.RunError: After `timeout` seconds with a task not answering,
+      naming each.
+  """
+  start = clock()
+  report_at = start + FIRST_REPORT_SECONDS
+  reported = False
+  while True:
+    missing = {name: why for name, why in (
+        (name, probe_fn(address)) for name, address in tasks.items()) if why}
+    waited = clock() - start
+    if not missing:
+      if reported:
+        console.info(f"cluster | every task answers (after {waited:.0f} s)")
+      return
+    names = ", ".join(f"{name} at {tasks[name]} ({why})"
+                      for name, why in missing.items())
+    if timeout is not None and waited >= timeout:
+      fix = ("start them with their commands, or correct their addresses"
+             if len(missing) > 1 else
+             "start it with its command, or correct its address")
+      raise errors.RunError(
+          f"{names} did not answer within {timeout:g} s "
+          f"(`runtime.cluster_wait_timeout`): {fix} in TF_CONFIG; nothing "
+          "was trained or written")
+    if clock() >= report_at:
+      limit = ("" if timeout is None else
+               f"; the chief gives up after {timeout:g} s, "
+               "`runtime.cluster_wait_timeout`")
+      console.info(f"cluster | waiting for {names} to answer "
+                   f"({waited:.0f} s{limit})")
+      reported = True
+      report_at = clock() + REPORT_SECONDS
+    sleep(PROBE_SECONDS)
+
+
 def serve_forever(task_type: str, task_index: int) -> None:
   """Runs this process's `tf.distribute.Server` (a ps or worker) until killed.
 

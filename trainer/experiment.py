@@ -91,8 +91,23 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   if mode == "eval" and tf.train.latest_checkpoint(restore_dir) is None:
     raise errors.ConfigError(
         f"no checkpoint to evaluate in `model_dir` ({restore_dir}).")
-  # What building says (optimizers, placement, the restore) follows the
-  # header, which says what the build found.
+  # A parameter server lost between loops (a save, the metrics read) is
+  # named as one lost in a loop is.
+  with (parameter_server.naming_lost_ps()
+        if runtime.distribution_strategy == "parameter_server"
+        else contextlib.nullcontext()):
+    return _build_and_run(task, mode, model_dir, runtime, config,
+                          restore_dir, started)
+
+
+def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
+                   runtime: runtime_lib.RuntimeConfig, config: TrainerConfig,
+                   restore_dir: str, started: float) -> Dict[str, Any]:
+  """Builds the parts and the controller, then runs `mode`; see `run`.
+
+  What building says (optimizers, placement, the restore) follows the
+  header, which says what the build found.
+  """
   with console.held() as release:
     parts = _build(task, mode, runtime, config)
     watcher = (preemption.PreemptionWatcher(config.preemption_exit_code,

@@ -17,6 +17,7 @@ it restores under any other strategy, and any checkpoint restores into
 shards (tests/test_sharded_variables.py).
 """
 
+import contextlib
 import inspect
 import math
 import re
@@ -109,21 +110,33 @@ def _partitioner(name: str, args: Optional[Dict[str, Any]]):
 
 
 def create_strategy(partitioner: Optional[str],
-                    partitioner_args: Optional[Dict[str, Any]]
+                    partitioner_args: Optional[Dict[str, Any]],
+                    wait_timeout: Optional[float] = None
                     ) -> tf.distribute.Strategy:
-  """Builds the chief's `ParameterServerStrategy` from TF_CONFIG.
+  """Builds the chief's `ParameterServerStrategy` from TF_CONFIG, once its
+  workers and parameter servers answer (`cluster.wait_for_tasks`, at most
+  `wait_timeout` seconds).
 
   Model Garden's `distribute_utils` builds one without a partitioner, so
   this builds it directly.
 
   Raises:
     errors.ConfigError: Without TF_CONFIG.
+    errors.RunError: If a task does not answer within `wait_timeout`.
   """
   if cluster.read_tf_config() is None:
     raise errors.ConfigError(
         "'parameter_server' needs TF_CONFIG with chief, worker and ps tasks.")
+  resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+  spec = resolver.cluster_spec()
+  # The strategy connects to each of them, and waits for any missing.
+  cluster.wait_for_tasks(
+      {f"{task_type} {index}": spec.task_address(task_type, index)
+       for task_type in ("ps", "worker")
+       for index in range(cluster.num_tasks(task_type, spec))},
+      wait_timeout)
   return tf.distribute.experimental.ParameterServerStrategy(
-      tf.distribute.cluster_resolver.TFConfigClusterResolver(),
+      resolver,
       variable_partitioner=(_partitioner(partitioner, partitioner_args)
                             if partitioner else None))
 
@@ -183,24 +196,33 @@ def role_runtime(runtime: "trainer.runtime.RuntimeConfig", mode: str,
   return runtime, mode
 
 
-_PS_TASK = re.compile(r"/job:ps/replica:\d+/task:(\d+)")
+_PS_TASK = re.compile(r"/job:ps/(?:replica:\d+/)?task:(\d+)")
 # gRPC's reason: "last error: UNKNOWN: ipv4:127.0.0.1:46041: Failed to
 # connect to remote host: Connection refused" (or another socket error).
 _LAST_ERROR = re.compile(r"last error: (?:[A-Z_]+: )?(?:ipv[46]:\S+: )?"
                          r"(?:Failed to connect to remote host: )?"
                          r"([^\n\"{}]+)")
+# gRPC's words for a peer gone, in an error of another type than
+# `UnavailableError` (its status 14).
+_CONNECTION_LOST = re.compile(r"failed to connect to all addresses|"
+                              r"Connection reset by peer|Socket closed")
 
 
-def lost_ps(error: tf.errors.UnavailableError) -> Optional[errors.RunError]:
-  """Says which parameter server an `UnavailableError` lost, and what to do;
-  None if it names none (a worker's loss the coordinator recovers from).
+def lost_ps(error: tf.errors.OpError) -> Optional[errors.RunError]:
+  """Says which parameter server `error` lost, and what to do; None if it
+  names none, or no lost connection (a worker's loss the coordinator
+  recovers from; a ps op's own failure).
 
   TensorFlow's message is gRPC's, several hundred characters: `failed to
   connect to all addresses; ... remote target /job:ps/replica:0/task:0/...`
-  (measured, the ps killed mid-run: the chief failed 0.6 s later).
+  or `recvmsg:Connection reset by peer ... /job:ps/replica:0/task:0/device:
+  CPU:0 while calling /tensorflow.eager.EagerService/Enqueue` (measured, the
+  ps killed in a loop or between loops: an `UnavailableError` each time).
   """
   found = _PS_TASK.search(error.message)
-  if found is None:
+  if found is None or not (
+      isinstance(error, tf.errors.UnavailableError) or
+      _CONNECTION_LOST.search(error.message)):
     return None
   index = int(found.group(1))
   spec = tf.distribute.cluster_resolver.TFConfigClusterResolver(
@@ -212,6 +234,24 @@ def lost_ps(error: tf.errors.UnavailableError) -> Optional[errors.RunError]:
       f"{f' ({reason.group(1).strip()})' if reason else ''}: the variables "
       "it held are lost; the checkpoints saved before stay: restart it, "
       "then run the chief's command again to resume from the newest")
+
+
+@contextlib.contextmanager
+def naming_lost_ps():
+  """Turns the error of a parameter server gone into `lost_ps`'s line,
+  wherever the chief meets it: creating or restoring the variables, in a
+  loop, reading its metrics, saving, evaluating.
+
+  Raises:
+    errors.RunError: For a lost parameter server, naming it.
+  """
+  try:
+    yield
+  except tf.errors.OpError as e:
+    lost = lost_ps(e)
+    if lost is None:
+      raise
+    raise lost from e
 
 
 class ScheduledTaskTrainer(runners.TaskTrainer):
@@ -242,20 +282,6 @@ class ScheduledTaskTrainer(runners.TaskTrainer):
     options["check_loss_scaling"] = False
     super().__init__(task, model, optimizer, strategy, train_input,
                      global_step, **options)
-
-  def train(self, num_steps: tf.Tensor):
-    """Runs `num_steps` steps on the workers; see `TaskTrainer.train`.
-
-    Raises:
-      errors.RunError: If a parameter server is unreachable, naming it.
-    """
-    try:
-      return super().train(num_steps)
-    except tf.errors.UnavailableError as e:
-      lost = lost_ps(e)
-      if lost is None:
-        raise
-      raise lost from e
 
   def _host_scope(self):
     # Workers only reach variables created in the strategy scope.

@@ -113,6 +113,11 @@ class RuntimeConfig:
       service (twice as long before the first step) before it saves the
       step it reached and exits 1, naming the dispatcher and the workers it
       last saw; None waits as long as it takes.
+    cluster_wait_timeout: Seconds a 'parameter_server' chief waits for its
+      workers and parameter servers to answer at their addresses before it
+      exits 1, naming those that do not, with nothing written; it says
+      which it waits for after 3 s, then every 30 s. None waits as long as
+      it takes.
   """
   distribution_strategy: str = "default"
   mixed_precision_dtype: str = "float32"
@@ -143,6 +148,7 @@ class RuntimeConfig:
   data_service_mode: str = "distributed_epoch"
   data_service_job_name: Optional[str] = None
   data_service_timeout: Optional[float] = 600.0
+  cluster_wait_timeout: Optional[float] = 300.0
 
   def __post_init__(self):
     checks.choice("runtime.distribution_strategy", self.distribution_strategy,
@@ -254,6 +260,9 @@ class RuntimeConfig:
           f"`runtime.port_base` ({self.port_base}) leaves no room for a "
           f"node's tasks below port {slurm.MAX_PORT}.")
     checks.integer("runtime.num_ps", self.num_ps, minimum=0)
+    if self.cluster_wait_timeout is not None:
+      checks.positive("runtime.cluster_wait_timeout",
+                      self.cluster_wait_timeout)
     checks.require(
         strategy == "parameter_server" or not (self.num_ps or
                                                 self.evaluator_task),
@@ -347,7 +356,8 @@ def create_strategy(config: RuntimeConfig) -> tf.distribute.Strategy:
     return tf.distribute.get_strategy()
   if strategy == "parameter_server":
     return parameter_server.create_strategy(
-        config.variable_partitioner, config.variable_partitioner_args)
+        config.variable_partitioner, config.variable_partitioner_args,
+        config.cluster_wait_timeout)
   if strategy == "central_storage":
     # `distribute_utils` has no central storage; variables on the CPU, compute
     # on every GPU (or the CPU when there is none).
