@@ -114,6 +114,26 @@ def test_resume_after_fallback_matches_an_undamaged_run(tmp_path):
       helpers.checkpoint_weights(straight)) == 0.0
 
 
+def _assert_fell_back(lines, model_dir, slot, shard_bytes, task_name):
+  """`lines` (a run's output) begin with the run's header, resuming from
+  ckpt-10, then the restore's lines: ckpt-20 is damaged at `slot`."""
+  prefix = os.path.join(model_dir, "ckpt-20")
+  header = [line for line in lines if line.startswith("run | ")]
+  assert lines[:len(header)] == header, lines
+  assert header[0] == (f"run | {task_name}, train in {model_dir}: resuming "
+                       "from ckpt-10, step 10")
+  lines = lines[len(header):]
+  assert re.fullmatch(
+      re.escape(f"checkpoint | cannot restore {prefix} (DataLossError: {slot} "
+                f"in shard 0 ({shard_bytes} bytes): Checksum does not match: "
+                "stored ")
+      + r"\d+ vs\. calculated on the restored bytes \d+\)", lines[0]), lines
+  assert lines[1:3] == [
+      f"checkpoint | restored {model_dir}/ckpt-10 instead of the damaged "
+      "ckpt-20 (kept as ckpt-20-damaged)",
+      f"restored checkpoint {model_dir}/ckpt-10 at step 10"]
+
+
 def test_a_damaged_optimizer_slot_falls_back_at_restore(tmp_path, capfd):
   # The slot is read only when the first step makes it: the restore must
   # check it first, or the step fails on every run.
@@ -128,19 +148,8 @@ def test_a_damaged_optimizer_slot_falls_back_at_restore(tmp_path, capfd):
   capfd.readouterr()
 
   _train(model_dir, 30, _AdamRegression())
-  lines = capfd.readouterr().out.splitlines()
-  # The run's header first, then what the restore found.
-  header = [line for line in lines if line.startswith("run | ")]
-  assert header and lines[:len(header)] == header, lines
-  lines = lines[len(header):]
-  assert re.fullmatch(
-      re.escape(f"checkpoint | cannot restore {prefix} (DataLossError: {slot} "
-                "in shard 0 (128 bytes): Checksum does not match: stored ")
-      + r"\d+ vs\. calculated on the restored bytes \d+\)", lines[0]), lines
-  assert lines[1:3] == [
-      f"checkpoint | restored {model_dir}/ckpt-10 instead of the damaged "
-      "ckpt-20 (kept as ckpt-20-damaged)",
-      f"restored checkpoint {model_dir}/ckpt-10 at step 10"]
+  _assert_fell_back(capfd.readouterr().out.splitlines(), model_dir, slot,
+                    128, "_AdamRegression")
   # It trained on from step 10, as if nothing had happened: every weight
   # and slot.
   assert helpers.max_weight_difference(
@@ -287,17 +296,8 @@ def test_train_py_falls_back_from_a_damaged_optimizer_slot(tmp_path):
 
   second = helpers.run_cli(args + ["--gin_param=trainer.train_steps=30"])
   assert second.returncode == 0, second.stderr[-2000:]
-  lines = second.stdout.splitlines()
-  assert re.fullmatch(
-      re.escape(f"checkpoint | cannot restore {prefix} (DataLossError: {slot} "
-                "in shard 0 (294912 bytes): Checksum does not match: stored ")
-      + r"\d+ vs\. calculated on the restored bytes \d+\)", lines[0]), lines
-  assert lines[1:4] == [
-      f"checkpoint | restored {model_dir}/ckpt-10 instead of the damaged "
-      "ckpt-20 (kept as ckpt-20-damaged)",
-      f"restored checkpoint {model_dir}/ckpt-10 at step 10",
-      f"run | DigitsClassification, train in {model_dir}: resuming from "
-      "ckpt-10, step 10"]
+  _assert_fell_back(second.stdout.splitlines(), model_dir, slot, 294912,
+                    "DigitsClassification")
   assert "train.py: error" not in second.stderr
   assert helpers.checkpoint_step(model_dir) == 30
   assert _read(prefix + "-damaged.data-00000-of-00001") == damaged

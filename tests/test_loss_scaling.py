@@ -32,10 +32,18 @@ def test_a_loss_averaged_per_replica_stops_at_the_first_step(tmp_path,
   with pytest.raises(trainer.ConfigError) as raised:
     _train(helpers.PerReplicaMeanLinearRegression(), str(tmp_path),
            run_eagerly=run_eagerly)
-  message = str(raised.value)
-  assert message.startswith(
+  _assert_twice_too_large(
+      str(raised.value),
       "PerReplicaMeanLinearRegression.train_step's loss on the first step, "
       "summed over 2 replicas, is ")
+  assert not [name for name in os.listdir(tmp_path)
+              if name.startswith("ckpt")]
+
+
+def _assert_twice_too_large(message: str, start: str) -> None:
+  """`message` is the check's one line, starting with `start`, for a loss
+  averaged over each of 2 replicas' batches."""
+  assert message.startswith(start)
   ratio = float(message.split(": ")[1].split(" times")[0])
   assert ratio == pytest.approx(2.0, rel=1e-3)  # No dropout: exactly twice.
   assert message.endswith(
@@ -44,8 +52,6 @@ def test_a_loss_averaged_per_replica_stops_at_the_first_step(tmp_path,
       "tf.nn.compute_average_loss(per_example_losses) "
       "(`trainer.check_loss_scaling=False` skips this check).")
   assert "\n" not in message
-  assert not [name for name in os.listdir(tmp_path)
-              if name.startswith("ckpt")]
 
 
 def test_off_it_trains_and_a_resumed_run_is_not_checked_again(tmp_path):
@@ -184,18 +190,10 @@ def test_two_models_averaged_per_replica_stop_at_the_first_step(tmp_path,
   with pytest.raises(trainer.ConfigError) as raised:
     _train(_TwoModels(average=_per_replica_mean), str(tmp_path),
            run_eagerly=run_eagerly)
-  message = str(raised.value)
-  assert message.startswith(
+  _assert_twice_too_large(
+      str(raised.value),
       "_TwoModels.train_step's loss on the first step, on replica 1 of 2, "
       "is ")
-  ratio = float(message.split(": ")[1].split(" times")[0])
-  assert ratio == pytest.approx(2.0, rel=1e-3)  # No dropout: exactly twice.
-  assert message.endswith(
-      "so it is averaged over each replica's batch and every gradient is 2 "
-      "times too large; average over the GLOBAL batch: "
-      "tf.nn.compute_average_loss(per_example_losses) "
-      "(`trainer.check_loss_scaling=False` skips this check).")
-  assert "\n" not in message
   assert not [name for name in os.listdir(tmp_path)
               if name.startswith("ckpt")]
 
