@@ -82,6 +82,8 @@ class Lease:
     """
     for role in roles:
       if role not in ROLES:
+        # A programming error, not the user's: the roles come from
+        # `model_dir.lease_roles`, never from a setting.
         raise ValueError(f"`role` ({role!r}) must be one of {ROLES}.")
     self.directory = directory
     self.roles = tuple(roles)
