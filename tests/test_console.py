@@ -1,13 +1,16 @@
 """trainer/console.py: each line shows once on a terminal, and is logged
 with the same text when absl's log goes to a file."""
 
+import ast
 import io
 import logging
+import pathlib
 import sys
 
 from absl import logging as absl_logging
 import pytest
 
+import trainer
 from trainer import console
 
 
@@ -88,3 +91,97 @@ def test_held_lines_are_printed_when_the_block_fails(capsys):
       raise ValueError("bad")
   assert capsys.readouterr().out.splitlines() == [
       "optimizer | generator: Adam", "placement | a", "run | header"]
+
+
+@pytest.mark.parametrize("stream", ["file", "terminal"])
+def test_log_keeps_the_line_in_the_log_and_prints_nothing(
+    capsys, caplog, absl_stream, stream):
+  absl_stream(io.StringIO() if stream == "file" else sys.stderr)
+  with caplog.at_level(logging.INFO, logger="absl"):
+    console.log("wrote run/operative_config.gin")
+  assert capsys.readouterr() == ("", "")
+  assert [(r.levelno, r.getMessage(), r.filename) for r in caplog.records] == [
+      (logging.INFO, "wrote run/operative_config.gin", "test_console.py")]
+
+
+@pytest.fixture
+def absl_verbosity():
+  """Restores absl's verbosity after the test."""
+  before = absl_logging.get_verbosity()
+  yield
+  absl_logging.set_verbosity(before)
+
+
+def test_configure_keeps_info_out_of_the_log_unless_verbosity_asks(
+    absl_verbosity, caplog):
+  del absl_verbosity
+  absl_logging.set_verbosity(absl_logging.DEBUG)
+  console.configure(verbosity_asked=True)
+  assert absl_logging.get_verbosity() == absl_logging.DEBUG
+  console.configure(verbosity_asked=False)
+  assert absl_logging.get_verbosity() == absl_logging.WARNING
+  console.log("strategy OneDeviceStrategy with 1 replica(s); worker 0 of 1")
+  absl_logging.warning("kept")
+  assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+      (logging.WARNING, "kept")]
+
+
+# absl's logging functions; only the channel and the TensorFlow-log plumbing
+# may call them.
+_ABSL_LOGGING_FUNCTIONS = {
+    "debug", "info", "warning", "warn", "error", "fatal", "exception", "log",
+    "vlog", "log_every_n", "log_every_n_seconds", "log_first_n", "log_if",
+    "set_verbosity", "set_stderrthreshold"}
+_CHANNEL_MODULES = {"console.py", "tf_logs.py"}
+
+
+def _absl_logging_uses(source: str):
+  """The `(line, name)` of each use of absl's logging functions in `source`,
+  by `from absl import logging [as x]`, `import absl.logging [as x]` or
+  `from absl.logging import f`."""
+  tree = ast.parse(source)
+  modules, functions, uses = set(), set(), []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.module == "absl":
+      modules.update(a.asname or a.name for a in node.names
+                     if a.name == "logging")
+    elif isinstance(node, ast.ImportFrom) and node.module == "absl.logging":
+      functions.update(a.asname or a.name for a in node.names
+                       if a.name in _ABSL_LOGGING_FUNCTIONS)
+    elif isinstance(node, ast.Import):
+      modules.update(a.asname or a.name for a in node.names
+                     if a.name == "absl.logging")
+  for node in ast.walk(tree):
+    if (isinstance(node, ast.Attribute) and
+        node.attr in _ABSL_LOGGING_FUNCTIONS and
+        ast.unparse(node.value) in modules):
+      uses.append((node.lineno, ast.unparse(node)))
+    elif isinstance(node, ast.Name) and node.id in functions:
+      uses.append((node.lineno, node.id))
+  return sorted(uses)
+
+
+def test_the_scan_finds_each_way_of_calling_absl_logging():
+  assert _absl_logging_uses(
+      "from absl import logging\n"
+      "import absl.logging\n"
+      "from absl import logging as log\n"
+      "from absl.logging import warning as warn\n"
+      "from absl import flags\n"
+      "import logging as std_logging\n"
+      "logging.info('a')\n"
+      "absl.logging.error('b')\n"
+      "def f(w=log.warning): warn('c')\n"
+      "std_logging.info('d')\n"
+      "flags.DEFINE_string('e', None, 'e')\n") == [
+          (7, "logging.info"), (8, "absl.logging.error"),
+          (9, "log.warning"), (9, "warn")]
+
+
+def test_only_the_channel_and_the_tensorflow_log_plumbing_call_absl_logging():
+  package = pathlib.Path(trainer.__file__).parent
+  found = {path.name: _absl_logging_uses(path.read_text())
+           for path in sorted(package.rglob("*.py"))
+           if path.name not in _CHANNEL_MODULES}
+  assert len(found) > 30  # The whole package was read.
+  assert {name: uses for name, uses in found.items() if uses} == {}

@@ -12,6 +12,7 @@ import trainer
 from trainer import experiment
 from trainer import exports
 from trainer import ema as ema_lib
+from trainer import errors
 from trainer import optimization
 
 import helpers
@@ -93,9 +94,14 @@ def test_dict_features_get_one_named_input_each(tmp_path):
 
 def test_other_features_need_a_task_signature():
   model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(1)])
-  with pytest.raises(TypeError, match="override `Task.export_signatures`"):
-    exports.default_signatures(
-        model, (tf.TensorSpec([None, 2]), tf.TensorSpec([None, 2])))
+  features = (tf.TensorSpec([None, 2]), tf.TensorSpec([None, 2]))
+  with pytest.raises(errors.ConfigTypeError) as raised:
+    exports.default_signatures(model, features)
+  assert str(raised.value) == (
+      "the default serving signature takes a tensor or a dict of tensors; "
+      f"these features are {features}: override `Task.export_signatures`.")
+  # A Task's `export_signatures` that caught the `TypeError` still does.
+  assert isinstance(raised.value, TypeError)
 
 
 def test_keep_newest(tmp_path):

@@ -66,8 +66,12 @@ def test_one_replica_gets_the_whole_batch():
 
 
 def test_dataset_fn_must_return_a_dataset():
-  with pytest.raises(TypeError, match="must return a `tf.data.Dataset`"):
+  with pytest.raises(errors.ConfigTypeError) as raised:
     inputs.DistributedInput(_mirrored(), lambda context: [1, 2], 2, True)
+  assert str(raised.value) == (
+      "`build_inputs` must return a `tf.data.Dataset`, got list.")
+  # Code that caught the `TypeError` this was still catches it.
+  assert isinstance(raised.value, TypeError)
 
 
 def test_is_checkpointable():

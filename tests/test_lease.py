@@ -20,7 +20,8 @@ from trainer import lease
 import helpers
 
 # Holds a lease until its stdin closes. It skips `trainer/__init__`, which
-# imports TensorFlow (6 s): `trainer.lease` needs only `trainer.errors`.
+# imports TensorFlow (6 s): `trainer.lease` needs only `trainer.errors` and
+# `trainer.console`.
 _HOLDER = """
 import sys, types
 package = types.ModuleType("trainer")
@@ -127,6 +128,14 @@ def test_no_lease_and_a_warning_where_locks_do_not_work(tmp_path,
       f"{tmp_path}: the filesystem does not support locks (No locks "
       "available): no lease keeps a second run from writing it at the same "
       "time; make sure only one does.")
+
+
+def test_by_default_the_warning_is_a_console_warning(capsys):
+  with lease.Lease("gs://bucket/run", [lease.TRAINER], "train") as remote:
+    assert remote.held == []
+  assert capsys.readouterr().out == (
+      "warning | gs://bucket/run is not a local path: no lease keeps a second "
+      "run from writing it at the same time; make sure only one does.\n")
 
 
 def _config(train_steps, **settings):

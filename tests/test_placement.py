@@ -3,20 +3,24 @@ MLP on the 2 logical CPUs of the test session, its placement read back from
 the variables and from the ops TensorFlow executed."""
 
 import collections
+import inspect
 import os
 import subprocess
 import sys
 
 import pytest
 import tensorflow as tf
+import tf_keras
 # pylint: disable-next=g-direct-tensorflow-import
 from tensorflow.python.debug.lib import debug_events_reader
 
 import helpers
 import trainer
 from tasks import split_digits
+from trainer import errors
 from trainer import experiment
 from trainer import placement
+from trainer import user_errors
 
 CPU0 = "/job:localhost/replica:0/task:0/device:CPU:0"
 CPU1 = "/job:localhost/replica:0/task:0/device:CPU:1"
@@ -30,8 +34,24 @@ def test_parts_are_spread_over_the_devices_in_order():
                                   "/device:CPU:1"]
   assert placement.configure(0) == []
   assert placement.devices(2) == [None, None]
-  with pytest.raises(ValueError, match=r"`num_parts` \(0\) must be positive"):
+  with pytest.raises(errors.ConfigError) as raised:
+    line = inspect.currentframe().f_lineno + 1
     placement.devices(0)
+  assert str(raised.value) == (
+      "in test_parts_are_spread_over_the_devices_in_order "
+      f"({user_errors.display_path(__file__)}:{line}): `num_parts` (0) must "
+      "be positive.")
+
+
+def test_a_staged_model_needs_a_layer_in_every_stage():
+  for stages in ([], [[tf_keras.layers.Dense(1)], []]):
+    with pytest.raises(errors.ConfigError) as raised:
+      line = inspect.currentframe().f_lineno + 1
+      placement.StagedModel(stages)
+    assert str(raised.value) == (
+        "in test_a_staged_model_needs_a_layer_in_every_stage "
+        f"({user_errors.display_path(__file__)}:{line}): `stages` must be "
+        "non-empty lists of layers.")
 
 
 def test_a_split_the_session_cannot_make_is_one_line():

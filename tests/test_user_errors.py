@@ -46,6 +46,10 @@ class MyTask:
 
   def train_step(self, model, features):
     return model(features)
+
+  def parts(self, message):
+    from trainer import user_errors
+    return user_errors.at_caller(message)  # CALLER
 '''
 
 
@@ -144,6 +148,18 @@ def test_file_outside_the_working_directory_keeps_its_full_path(
       user_errors.describe(error))
 
 
+def test_at_caller_names_the_users_code_that_called(user):
+  assert user.MyTask().parts("`num_parts` (0) must be positive.") == (
+      f"in MyTask.parts (user_code.py:{_line(USER_CODE, 'CALLER')}): "
+      "`num_parts` (0) must be positive.")
+
+
+def test_at_caller_without_users_code_is_the_message(user, monkeypatch):
+  monkeypatch.setattr(user_errors, "is_user_file", lambda filename: False)
+  assert user.MyTask().parts("`stages` must be non-empty lists of layers.") == (
+      "`stages` must be non-empty lists of layers.")
+
+
 def test_without_user_code_the_default_hook_or_only_the_cause():
   tf_file = os.path.join(os.path.dirname(tf.__file__), "ops", "math_ops.py")
   task_file = os.path.join(os.path.dirname(task_lib.__file__), "task.py")
@@ -203,6 +219,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 import trainer
+from trainer import placement
 
 
 class Classifier(trainer.Task):
@@ -241,6 +258,20 @@ class WrongShape(Classifier):
 @gin.configurable
 class LabelOutOfRange(Classifier):
   pass
+
+
+@gin.configurable
+class EmptyStage(Classifier):
+
+  def build_model(self):
+    return placement.StagedModel([[tf_keras.layers.Dense(10)], []])  # STAGES
+
+
+@gin.configurable
+class ListInputs(Classifier):
+
+  def build_inputs(self, training, input_context=None):
+    return [1, 2]
 '''
 
 MY_GIN = '''
@@ -295,6 +326,27 @@ def test_train_py_reports_a_task_error_in_one_line(task_dir, name):
   # The one line and TensorFlow's CUDA line: no frames.
   assert len(lines) <= 3, result.stderr
   assert "File " not in result.stderr and "in user code" not in result.stderr
+
+
+# A mistake the framework names (a typed error): exit code 2, one line.
+CONFIG_CASES = {
+    "EmptyStage": lambda: (
+        "in EmptyStage.build_model "
+        f"(my_task.py:{_line(MY_TASK, 'STAGES')}): `stages` must be "
+        "non-empty lists of layers."),
+    "ListInputs": lambda: (
+        "`build_inputs` must return a `tf.data.Dataset`, got list."),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIG_CASES))
+def test_train_py_reports_a_task_mistake_the_framework_names_as_usage(
+    task_dir, name):
+  result = _train(task_dir, name)
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert lines[-1] == f"train.py: error: {CONFIG_CASES[name]()}"
+  assert "File " not in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("name,args,env,shown", [

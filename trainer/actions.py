@@ -16,7 +16,6 @@ import os
 import shutil
 from typing import Any, Callable, Dict, List, Optional
 
-from absl import logging
 import gin
 import orbit
 
@@ -267,7 +266,7 @@ class OperativeConfigWriter:
     self._done = True
     path = summaries.write_operative_config(self._model_dir, self._writer,
                                             step=0)
-    logging.info("wrote %s", path)
+    console.log(f"wrote {path}")
 
 
 # Random ops whose state no checkpoint holds.

@@ -19,7 +19,6 @@ from typing import Callable, List, Optional, Sequence, Union
 
 from absl import app
 from absl import flags
-from absl import logging
 import gin
 import tensorflow as tf
 
@@ -181,11 +180,9 @@ def main(model_dir: str, task: task_lib.Task,
          runtime: runtime_lib.RuntimeConfig,
          config: experiment.TrainerConfig) -> int:
   """Runs the validated experiment in `FLAGS.mode`; returns the exit code."""
-  if not FLAGS["verbosity"].present:
-    # Progress and eval lines are printed; INFO logs would repeat them.
-    logging.set_verbosity(logging.WARNING)
-  logging.info("task %s, mode %s, model_dir %s", type(task).__name__,
-               FLAGS.mode, model_dir)
+  console.configure(verbosity_asked=FLAGS["verbosity"].present)
+  console.log(f"task {type(task).__name__}, mode {FLAGS.mode}, model_dir "
+              f"{model_dir}")
   if FLAGS.dry_run:
     return dry_run(task, runtime, config, model_dir)
   with _one_line_failures():

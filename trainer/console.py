@@ -6,6 +6,11 @@ the log.
 launcher's log shows each line at once. absl's log gets the same text when
 it goes to a file; when it goes to the terminal (absl's default, stderr)
 the line is printed only, so it shows once.
+
+`log` is the channel for lines kept in the log but not printed (what was
+built, where a file went): absl INFO, which `train.py` hides unless
+`--verbosity` asks for it (`configure`). No other module of the framework
+calls absl's logging, except the TensorFlow-log plumbing (`tf_logs`).
 """
 
 import contextlib
@@ -22,6 +27,32 @@ def _log_reaches_terminal() -> bool:
   """Whether absl's log goes to stderr, where the printed line shows too."""
   handler = logging.get_absl_handler().python_handler
   return getattr(handler, "stream", None) in (sys.stderr, sys.__stderr__)
+
+
+def configure(verbosity_asked: bool) -> None:
+  """Sets what the log keeps: where absl's `--verbosity` was not given,
+  warnings and errors only.
+
+  The lines `info` prints would otherwise show twice on a terminal, the
+  log's copy beside the printed one; INFO lines (`log`'s) are then kept only
+  when `--verbosity` asks for them.
+  """
+  if not verbosity_asked:
+    logging.set_verbosity(logging.WARNING)
+
+
+def log(message: str) -> None:
+  """Logs `message` at INFO, and prints nothing.
+
+  For lines kept in the log but not said to the person running training
+  (the strategy built, a file written): `train.py` logs INFO only when
+  `--verbosity` asks (`configure`).
+  """
+  logging.info(message)
+
+
+# The log names the line of `log`'s caller, as when it called absl itself.
+logging.ABSLLogger.register_frame_to_skip(__file__, log.__name__)
 
 
 def info(message: str) -> None:

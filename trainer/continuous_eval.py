@@ -16,7 +16,6 @@ import os
 import time
 from typing import Any, Callable, Dict, Optional, Set, Tuple
 
-from absl import logging
 import tensorflow as tf
 
 from trainer import checkpoints
@@ -133,7 +132,7 @@ def _evaluate(evaluate_fn: EvaluateFn, prefix: str):
   # A checkpoint the trainer deletes while it is read: NotFoundError.
   except (errors.ConfigError, OSError, tf.errors.NotFoundError) as e:
     if os.path.exists(prefix + ".index"):
-      logging.info("cannot evaluate %s: %s", prefix, e)
+      console.log(f"cannot evaluate {prefix}: {e}")
       console.info(
           f"continuous_eval | skipped {prefix}: it cannot be restored")
     else:

@@ -8,6 +8,11 @@ class ConfigError(ValueError):
   """A configuration problem; its message is one line naming the fix."""
 
 
+class ConfigTypeError(ConfigError, TypeError):
+  """A `ConfigError` about a value of the wrong type (what a Task's hook
+  returns, say); still a `TypeError` to code that catches one."""
+
+
 class RunError(RuntimeError):
   """A run that cannot go on for a reason outside the configuration (a
   timeout, a directory gone); its message is one line, the exit code 1."""

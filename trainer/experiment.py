@@ -13,7 +13,6 @@ import os
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from absl import logging
 import tensorflow as tf
 
 from trainer import actions
@@ -250,9 +249,9 @@ def _build(task: task_lib.Task, mode: str,
   runtime_lib.seed_everything(runtime)
   worker = cluster.worker_info(strategy)
   config, replica_factor = _rescale(config, strategy.num_replicas_in_sync)
-  logging.info("strategy %s with %d replica(s); worker %d of %d",
-               type(strategy).__name__, strategy.num_replicas_in_sync,
-               worker.worker_index, worker.num_workers)
+  console.log(f"strategy {type(strategy).__name__} with "
+              f"{strategy.num_replicas_in_sync} replica(s); worker "
+              f"{worker.worker_index} of {worker.num_workers}")
   train_input, eval_input = inputs_lib.for_mode(
       task, strategy, config, runtime, worker, training, evaluating)
   state = state_lib.build(

@@ -14,6 +14,7 @@ from typing import Callable, Dict, Optional
 import gin
 import tensorflow as tf
 
+from trainer import errors
 from trainer import files
 
 # Signature name -> a `tf.function` with an input signature, or a concrete
@@ -46,8 +47,8 @@ def default_signatures(model, features_spec) -> Signatures:
       any batch size.
 
   Raises:
-    TypeError: For features that are neither a tensor nor a dict of tensors
-      (override `Task.export_signatures`).
+    errors.ConfigTypeError: For features that are neither a tensor nor a
+      dict of tensors (override `Task.export_signatures`); a `TypeError`.
   """
 
   def outputs(features):
@@ -71,7 +72,7 @@ def default_signatures(model, features_spec) -> Signatures:
         name: tf.TensorSpec(s.shape, s.dtype, name=name)
         for name, s in features_spec.items()})
   else:
-    raise TypeError(
+    raise errors.ConfigTypeError(
         "the default serving signature takes a tensor or a dict of tensors; "
         f"these features are {features_spec}: override "
         "`Task.export_signatures`.")

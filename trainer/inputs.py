@@ -162,11 +162,17 @@ class DistributedInput:
     Args:
       shard_examples: Filters the examples the task returns, before they are
         repeated and batched.
+
+    Raises:
+      errors.ConfigTypeError: If `build_inputs` returns no `tf.data.Dataset`.
+      errors.ConfigError: For batched or too small data (`check_unbatched`,
+        `_check_not_empty`).
     """
     dataset = self._dataset_fn(self.input_context)
     if not isinstance(dataset, tf.data.Dataset):
-      raise TypeError("`build_inputs` must return a `tf.data.Dataset`, got "
-                      f"{type(dataset).__name__}.")
+      raise errors.ConfigTypeError(
+          "`build_inputs` must return a `tf.data.Dataset`, got "
+          f"{type(dataset).__name__}.")
     check_unbatched(dataset.element_spec)
     batch_size = self.per_replica_batch_size * self._num_local_replicas
     _check_not_empty(dataset, batch_size if self._training else 1,

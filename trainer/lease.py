@@ -34,8 +34,7 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
-from absl import logging
-
+from trainer import console
 from trainer import errors
 
 TRAINER = "trainer"
@@ -71,17 +70,20 @@ class Lease:
   """
 
   def __init__(self, directory: str, roles: Sequence[str], mode: str,
-               warn: Callable[[str], None] = logging.warning):
+               warn: Callable[[str], None] = console.warning):
     """Describes the leases; takes none yet.
 
     Args:
       directory: The model_dir; it must exist.
       roles: Some of `ROLES`, taken in this order.
       mode: What the holder runs, for the error a second run gets.
-      warn: Called with one line when `directory` cannot be leased.
+      warn: Called with one line when `directory` cannot be leased (by
+        default `console.warning`: `warning | <line>` on stdout).
     """
     for role in roles:
       if role not in ROLES:
+        # A programming error, not the user's: the roles come from
+        # `model_dir.lease_roles`, never from a setting.
         raise ValueError(f"`role` ({role!r}) must be one of {ROLES}.")
     self.directory = directory
     self.roles = tuple(roles)

@@ -25,6 +25,7 @@ import tensorflow as tf
 import tf_keras
 
 from trainer import errors
+from trainer import user_errors
 
 # The devices parts are placed on; empty when model parallelism is off.
 _devices: List[str] = []
@@ -84,10 +85,12 @@ def devices(num_parts: int) -> List[Optional[str]]:
   definition serves both.
 
   Raises:
-    ValueError: If `num_parts` is not positive.
+    errors.ConfigError: If `num_parts` is not positive, naming the user's
+      code that asked (`user_errors.at_caller`).
   """
   if num_parts < 1:
-    raise ValueError(f"`num_parts` ({num_parts}) must be positive.")
+    raise errors.ConfigError(user_errors.at_caller(
+        f"`num_parts` ({num_parts}) must be positive."))
   if not active():
     return [None] * num_parts
   return [_devices[part * len(_devices) // num_parts]
@@ -162,10 +165,15 @@ class StagedModel(tf_keras.Model):
     Args:
       stages: The layers of each stage, in order.
       name: The model's name.
+
+    Raises:
+      errors.ConfigError: If there is no stage or an empty one, naming the
+        user's code that built it (`user_errors.at_caller`).
     """
     super().__init__(name=name)
     if not stages or not all(stages):
-      raise ValueError("`stages` must be non-empty lists of layers.")
+      raise errors.ConfigError(user_errors.at_caller(
+          "`stages` must be non-empty lists of layers."))
     self.stages = [list(stage) for stage in stages]
     self.stage_devices = devices(len(self.stages))
 

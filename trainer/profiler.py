@@ -10,7 +10,6 @@ profiling is optional.
 
 from typing import Optional, Tuple
 
-from absl import logging
 import tensorflow as tf
 
 from trainer import checks
@@ -40,8 +39,8 @@ class ProfileWindow:
     try:
       tf.profiler.experimental.start(self._logdir)
       self._running = True
-      logging.info("profiling from step %d to %d into %s", step, self.end,
-                   self._logdir)
+      console.log(f"profiling from step {step} to {self.end} into "
+                  f"{self._logdir}")
     except Exception as e:  # pylint: disable=broad-except
       console.warning(f"the profiler did not start: {e}")
       self.traced = True  # Do not try again.

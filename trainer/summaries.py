@@ -5,7 +5,6 @@ import os
 import time
 from typing import Callable, Dict, Mapping, Optional, Union
 
-from absl import logging
 import gin
 import numpy as np
 import tensorflow as tf
@@ -242,15 +241,15 @@ class TrainReporter:
       scalars["input_wait_fraction"] = self._input_wait_fraction(step, waited)
     write_scalars(self._writer, scalars, step)
     if not np.isfinite(float(scalars["loss"])):
-      logging.info("training loss is %s at step %d", scalars["loss"], step)
+      console.log(f"training loss is {scalars['loss']} at step {step}")
     self.reset_window()
 
   def _input_wait_fraction(self, step: int, waited: float) -> float:
     """Returns the share of the window's loop time spent waiting for input;
     warns when it shows training is input-bound."""
     fraction = min(waited / max(self._window_seconds, 1e-9), 1.0)
-    logging.info("steps %d to %d waited for input %.1f%% of the time",
-                 step - self._window_steps, step, 100 * fraction)
+    console.log(f"steps {step - self._window_steps} to {step} waited for "
+                f"input {100 * fraction:.1f}% of the time")
     per_step = waited / max(self._window_steps, 1)
     if (fraction > INPUT_BOUND_FRACTION and
         per_step > INPUT_BOUND_SECONDS_PER_STEP and not self._input_bound):

@@ -301,6 +301,23 @@ def describe(error: BaseException) -> str:
   return f"in Task.{hook}: {cause(error)}" if hook else cause(error)
 
 
+def at_caller(message: str) -> str:
+  """Returns `message` after the place of the innermost user's code on the
+  stack (`in MyTask.build_model (my_task.py:4): ...`), as `describe` names
+  it for an error the user's code raised; `message` alone where there is
+  none (a framework call, or code autograph traces).
+
+  For a `ConfigError` that a framework function raises for the arguments
+  the user's code gave it, whose one line has no traceback.
+  """
+  stack = [Frame(f.filename, f.lineno or 0, f.name)
+           for f in traceback.extract_stack()]
+  for i in range(len(stack) - 1, -1, -1):
+    if is_user_file(stack[i].filename):
+      return f"in {_place(stack, i)}: {message}"
+  return message
+
+
 def full_traceback(error: BaseException) -> str:
   """Returns Python's full traceback of `error`, chained errors included."""
   return "".join(traceback.format_exception(type(error), error,
