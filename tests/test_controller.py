@@ -1,6 +1,8 @@
 """The controller's own behaviour: progress lines, summary and checkpoint
 cadence, restore."""
 
+import glob
+import itertools
 import os
 import re
 import time
@@ -14,6 +16,7 @@ import trainer
 from tasks import digits
 from trainer import controller as controller_lib
 from trainer import experiment
+from trainer import runners
 
 import helpers
 
@@ -312,3 +315,154 @@ def test_a_save_while_waiting_after_the_loop_came_back_says_nothing(tmp_path):
   trainer.in_loop = False
   assert controller.save_while_waiting() is None
   assert manager.latest_checkpoint is None
+
+
+class _FakeLoop(orbit.runner.AbstractTrainer):
+  """A runner that switches the Controller to its own loop and runs in
+  microseconds: each step adds 1 to the global step (or what `advance`
+  says, for a loop that miscounts) and records `inside` with `tf.summary`,
+  as a `train_step` may; `train` returns `output`."""
+
+  def __init__(self, step, output=None, advance=None, reports_step=True,
+               learning_rate=None):
+    self.step = step
+    self.output = output
+    self.advance = advance or (lambda num_steps: num_steps)
+    self.reports_step = reports_step
+    self.learning_rate = learning_rate
+    self.in_loop = False
+    self.loops = []  # Steps asked, per call of `train`.
+
+  def train(self, num_steps):
+    self.loops.append(int(num_steps))
+    for _ in range(self.advance(int(num_steps))):
+      self.step.assign_add(1)
+      tf.summary.scalar("inside", 1.0, step=self.step)
+    return self.output
+
+  def loop_status(self):
+    return runners.LoopStatus(
+        0.5, -1, self.learning_rate,
+        int(self.step.numpy()) if self.reports_step else None)
+
+  def discard_batch(self):
+    raise AssertionError("no batch is skipped here")
+
+  def read_and_reset_metrics(self):
+    return {"loss": 0.5}
+
+
+def _fake_controller(trainer, model_dir=None, manager=None, **kwargs):
+  return controller_lib.Controller(
+      trainer=trainer, global_step=trainer.step,
+      strategy=tf.distribute.get_strategy(), checkpoint_manager=manager,
+      **kwargs)
+
+
+def _event_steps(log_dir):
+  """{tag: [step, ...]} of every summary in `log_dir`."""
+  steps = {}
+  for path in glob.glob(os.path.join(log_dir, "events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        steps.setdefault(value.tag, []).append(event.step)
+  return {tag: sorted(found) for tag, found in steps.items()}
+
+
+def test_the_own_loop_writes_orbit_summaries_into_summary_dir(tmp_path):
+  recorded = []
+  fake = _FakeLoop(tf.Variable(0, dtype=tf.int64),
+                   output={"loss": tf.constant(0.25), "penalty": 3.0},
+                   learning_rate=0.01)
+  controller = _fake_controller(
+      fake, steps_per_loop=2, summary_interval=4,
+      summary_dir=str(tmp_path / "summaries"), train_actions=[recorded.append])
+  controller.train(8)
+  assert fake.loops == [2, 2, 2, 2]  # Our own loop ran every loop.
+  steps = _event_steps(str(tmp_path / "summaries"))
+  # As Orbit: what the runner records inside `train` at multiples of
+  # `summary_interval` (`record_if`); its output and steps/s every loop.
+  assert steps == {"inside": [4, 8], "loss": [2, 4, 6, 8],
+                   "penalty": [2, 4, 6, 8], "learning_rate": [2, 4, 6, 8],
+                   "steps_per_second": [2, 4, 6, 8]}
+  losses = helpers.read_scalars(str(tmp_path / "summaries"))["loss"]
+  assert [value for _, value in losses] == [0.25] * 4  # The runner's own.
+  # Train actions get the runner's whole output, unconverted, and the
+  # loop's scheduled rate; the runner's `loss` wins over the status's.
+  assert len(recorded) == 4
+  assert all(sorted(output) == ["learning_rate", "loss", "penalty"]
+             for output in recorded)
+  assert isinstance(recorded[0]["loss"], tf.Tensor)
+  assert float(recorded[0]["loss"]) == 0.25
+  assert recorded[0]["penalty"] == 3.0
+  assert recorded[0]["learning_rate"] == 0.01
+
+
+def test_the_own_loop_without_summary_dir_writes_nothing(tmp_path, capsys):
+  recorded = []
+  fake = _FakeLoop(tf.Variable(0, dtype=tf.int64))
+  controller = _fake_controller(fake, steps_per_loop=3, summary_interval=3,
+                                train_actions=[recorded.append])
+  cwd = os.getcwd()
+  os.chdir(tmp_path)
+  try:
+    controller.train(7)
+  finally:
+    os.chdir(cwd)
+  assert fake.loops == [3, 3, 1]
+  assert os.listdir(tmp_path) == []
+  # A runner without output (a `TaskTrainer`): the loop's loss, and no
+  # learning rate for a constant one.
+  assert recorded == [{"loss": 0.5}] * 3
+  assert "warning" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("reports_step", [True, False])
+def test_a_loop_that_miscounts_steps_warns_and_goes_on_from_its_step(
+    capsys, reports_step):
+  # The second loop (steps 2 to 4) advances the step by 1 only.
+  loops = itertools.count()
+  fake = _FakeLoop(tf.Variable(0, dtype=tf.int64),
+                   advance=lambda num_steps: 1 if next(loops) == 1 else
+                   num_steps, reports_step=reports_step)
+  controller = _fake_controller(fake, steps_per_loop=2)
+  controller.train(6)
+  # The step reached, re-read (or as the status reports it): the loop
+  # after it makes up the missing step at the next multiple of 2.
+  assert fake.loops == [2, 2, 1, 2]
+  assert controller.step == 6 and int(fake.step.numpy()) == 6
+  warnings = [line for line in capsys.readouterr().out.splitlines()
+              if line.startswith("warning")]
+  assert warnings == [
+      "warning | a training loop of 2 step(s) from step 2 reached step 3, "
+      "not 4: the runner's `train` must add 1 to the global step per step; "
+      "going on from step 3"]
+
+
+def _saved_steps(model_dir):
+  state = tf.train.get_checkpoint_state(str(model_dir))
+  if state is None:
+    return []
+  return [int(p.rsplit("-", 1)[1]) for p in state.all_model_checkpoint_paths]
+
+
+@pytest.mark.parametrize("manager_interval, options_interval, saved", [
+    (4, None, [4, 8, 10]),  # The manager's, as Orbit.
+    (None, None, []),  # Orbit: no interval, no saves, not even at the end.
+    (None, 6, [6, 10]),  # Ours, given (the framework's `trainer.` one).
+    (4, 6, [6, 10]),  # Ours wins.
+])
+def test_own_loop_saves_at_the_managers_interval_unless_given_one(
+    tmp_path, manager_interval, options_interval, saved):
+  assert controller_lib.ControllerOptions().checkpoint_interval is None
+  fake = _FakeLoop(tf.Variable(0, dtype=tf.int64))
+  manager = tf.train.CheckpointManager(
+      tf.train.Checkpoint(step=fake.step), str(tmp_path), max_to_keep=None,
+      step_counter=fake.step, checkpoint_interval=manager_interval)
+  controller = _fake_controller(
+      fake, manager=manager, steps_per_loop=2,
+      options=controller_lib.ControllerOptions(
+          checkpoint_interval=options_interval))
+  controller.train(10)
+  assert fake.loops == [2] * 5
+  assert _saved_steps(tmp_path) == saved

@@ -17,6 +17,15 @@ Orbit at about half the speed of a bare `tf.function` loop
 `train_and_evaluate` is replaced to evaluate at multiples of the interval and
 to stop early; `restore_checkpoint` to fall back past damaged checkpoints.
 
+The own loop keeps Orbit's contract (tests/test_orbit_controller.py runs
+Orbit's controller tests on it): with a `summary_dir` (or `summary_manager`)
+the runner trains under that writer and Orbit's `summary_interval`
+(`tf.summary.record_if`), and its output with `steps_per_second` is written
+after every loop; train actions get the runner's output; a loop that did not
+advance the global step by its steps is reported; saves follow the checkpoint
+manager's interval unless `ControllerOptions` sets one. The framework passes
+no `summary_dir`: its train summaries are the reporter's, in `train/`.
+
 A runner without `loop_status` (any `orbit.AbstractTrainer`) gets Orbit's own
 loop, cadence and summaries unchanged.
 """
@@ -47,8 +56,9 @@ class ControllerOptions:
 
   Attributes:
     checkpoint_interval: Save when the step reaches a multiple of this, and
-      always at the end of training. None: the checkpoint manager's own
-      `checkpoint_interval`, as in Orbit.
+      always at the end of training. None (the default): the checkpoint
+      manager's own `checkpoint_interval`, as in Orbit (its multiples here
+      too); no saves at all, as in Orbit, where the manager has none.
     restore_dir: Where to look for the checkpoint to restore when it is not
       where this process saves (a non-chief worker saves to a temporary
       directory but restores the chief's checkpoints); None for the
@@ -56,7 +66,7 @@ class ControllerOptions:
     partial_restore: Restore only what this run built (eval modes), without
       warning about the rest of the checkpoint.
   """
-  checkpoint_interval: Optional[int] = 1
+  checkpoint_interval: Optional[int] = None
   restore_dir: Optional[str] = None
   partial_restore: bool = False
 
@@ -98,6 +108,11 @@ class Controller(orbit.Controller):
     self._profile = profile
     self._own_loop = callable(getattr(kwargs.get("trainer"), "loop_status",
                                       None))
+    # Whether Orbit's summary manager writes anything: without a directory
+    # or a manager of the caller's, the own loop skips its writer and
+    # `record_if` (Orbit's no-op writer costs a few us a loop).
+    self._orbit_summaries = (kwargs.get("summary_dir") is not None or
+                             kwargs.get("summary_manager") is not None)
     self._step_tensors = {}  # Steps per loop -> the same as a tensor.
     self.stop_reason: Optional[str] = None  # Why training stopped early.
     self.restored_path: Optional[str] = None  # The checkpoint restored last.
@@ -152,7 +167,8 @@ class Controller(orbit.Controller):
         self._guard.check_saveable(step, self._last_saved_step)
       except errors.NonFiniteError as e:
         return f"step {step} is not saved ({e})"
-      path = self.checkpoint_manager.save(checkpoint_number=step)
+      path = self.checkpoint_manager.save(checkpoint_number=step,
+                                          check_interval=False)
       if self._live_step() != step:
         return None
       self._newest_step = step
@@ -190,14 +206,17 @@ class Controller(orbit.Controller):
   def train(self, steps: int, checkpoint_at_completion: bool = True) -> None:
     """Trains until the global step reaches `steps`; see `orbit.Controller`.
 
-    Orbit's loop reads the step back from the device after every loop; the
-    step is known here, so this one does not.
+    Orbit's loop reads the step back from the device after every loop;
+    this one reads it once per call (as Orbit, it starts from the step the
+    variable holds, which a caller may have set), then takes it from the
+    runner's loop status.
     """
     if not self._own_loop:
       super().train(steps, checkpoint_at_completion)
       self._step = int(self.global_step.numpy())
       return
     self._require("trainer", for_method="train")
+    self._step = int(self.global_step.numpy())
     with self._saving_on_signal():
       self._warn_if_past(steps)
       if (self._guard.rolls_back and self._step < steps and
@@ -276,6 +295,7 @@ class Controller(orbit.Controller):
       return super().train_and_evaluate(train_steps, eval_steps, eval_interval)
     self._require("trainer", for_method="train_and_evaluate")
     self._require("evaluator", for_method="train_and_evaluate")
+    self._step = int(self.global_step.numpy())
     self._warn_if_past(train_steps)
     output = None
     final = False
@@ -364,10 +384,10 @@ class Controller(orbit.Controller):
     Raises:
       errors.NonFiniteError: Instead of saving non-finite variables.
     """
-    interval = self._options.checkpoint_interval
-    if not self._own_loop or interval is None:
+    if not self._own_loop:
       return super()._maybe_save_checkpoint(check_interval)
-    if self.checkpoint_manager is None or (
+    interval = self._checkpoint_interval()
+    if interval is None or self.checkpoint_manager is None or (
         self._last_saved_step == self._step and not force):
       return False
     if check_interval and (self._step // interval ==
@@ -381,33 +401,90 @@ class Controller(orbit.Controller):
           f"the checkpoint of step {self._step} is not saved.")
     self._guard.check_saveable(self._step, self._last_saved_step)
     with self._saving:
-      path = self.checkpoint_manager.save(checkpoint_number=self._step)
+      # The cadence is decided here: a manager with an interval of its own
+      # would skip the save and return None.
+      path = self.checkpoint_manager.save(checkpoint_number=self._step,
+                                          check_interval=False)
       self._last_saved_step = self._step
       self._newest_step = self._step
     console.info(f"saved checkpoint {path}")
     return True
 
+  def _checkpoint_interval(self) -> Optional[int]:
+    """The save interval: ours, else the checkpoint manager's (Orbit saves
+    on the manager's only); None: no saves."""
+    if self._options.checkpoint_interval is not None:
+      return self._options.checkpoint_interval
+    return getattr(self.checkpoint_manager, "checkpoint_interval", None)
+
   def _train_n_steps(self, num_steps: int) -> None:
+    """Runs one loop of `num_steps` steps, then its actions, Orbit's
+    summaries and the reporter; rolls back a non-finite step.
+
+    As Orbit's, but with one read from the device (the runner's
+    `loop_status`, which also reports the step reached), and Orbit's
+    summaries only where they go somewhere.
+    """
     if not self._own_loop:
       super()._train_n_steps(num_steps)
       return
     start = time.perf_counter()
-    self.trainer.train(self._steps_tensor(num_steps))
+    output = self._run_loop(num_steps)
     status = self.trainer.loop_status()
     if status.nonfinite_step >= 0:
       self._step = status.nonfinite_step
       self._roll_back(status.nonfinite_step)
       return
-    self._step += num_steps
-    train_output = {"loss": status.loss}
+    self._step = self._step_reached(num_steps, status.step)
+    # The runner's whole output, as Orbit gives it; the loop's mean loss
+    # and scheduled rate where the output has none (a `TaskTrainer`'s loop
+    # reports them through `loop_status` only).
+    train_output = dict(output or {})
+    train_output.setdefault("loss", status.loss)
     if status.learning_rate is not None:
-      train_output["learning_rate"] = status.learning_rate
+      train_output.setdefault("learning_rate", status.learning_rate)
     for action in self.train_actions:
       action(train_output)
+    if self._orbit_summaries:
+      values = tf.nest.map_structure(orbit.utils.get_value, train_output)
+      values["steps_per_second"] = num_steps / max(
+          time.perf_counter() - start, 1e-9)
+      self.summary_manager.write_summaries(values)
+      self.summary_manager.flush()
     if self._reporter is not None:
       self._reporter.after_loop(
           self._step, num_steps, time.perf_counter() - start, status.loss,
           status.learning_rate, self.trainer.read_and_reset_metrics)
+
+  def _run_loop(self, num_steps: int):
+    """Calls the runner's `train`; returns its output.
+
+    With Orbit's summaries on, as Orbit calls it: under the train summary
+    writer, recording `tf.summary` calls inside the loop at steps that are
+    multiples of `summary_interval` (none without one).
+    """
+    steps = self._steps_tensor(num_steps)
+    if not self._orbit_summaries:
+      return self.trainer.train(steps)
+    should_record = False
+    if self.summary_interval:
+      should_record = lambda: self.global_step % self.summary_interval == 0
+    with (self.summary_manager.summary_writer().as_default(),
+          tf.summary.record_if(should_record)):
+      return self.trainer.train(steps)
+
+  def _step_reached(self, num_steps: int, reported: Optional[int]) -> int:
+    """The global step after a loop of `num_steps` from `self._step`: the
+    runner's report, or a read where it gives none; warns, as Orbit does,
+    where the loop did not advance it by `num_steps`."""
+    expected = self._step + num_steps
+    step = int(self.global_step.numpy()) if reported is None else reported
+    if step != expected:
+      console.warning(
+          f"a training loop of {num_steps} step(s) from step {self._step} "
+          f"reached step {step}, not {expected}: the runner's `train` must "
+          f"add 1 to the global step per step; going on from step {step}")
+    return step
 
   def _steps_tensor(self, num_steps: int) -> tf.Tensor:
     """`num_steps` as a tensor, made once per value (10 us a loop saved)."""

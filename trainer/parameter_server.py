@@ -314,10 +314,11 @@ class ScheduledTaskTrainer(runners.TaskTrainer):
       values = [float(loss.fetch()) for loss in losses]
       # Steps ran asynchronously: the first scheduled non-finite one counts.
       bad = [i for i, value in enumerate(values) if not math.isfinite(value)]
-      first = int(self.global_step.numpy()) - len(values) + 1
+      reached = int(self.global_step.numpy())
+      first = reached - len(values) + 1
       self._status.assign(tf.stack([
           tf.constant(sum(values) / len(values), tf.float64),
           tf.constant(first + bad[0] if bad else -1, tf.float64),
-          self._scheduled_rate()]))
+          self._scheduled_rate(), tf.constant(reached, tf.float64)]))
 
     return loop

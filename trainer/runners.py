@@ -39,10 +39,13 @@ class LoopStatus:
       after it), or -1.
     learning_rate: The learning rate after the loop if it follows a
       schedule, else None.
+    step: The global step after the loop, read with the rest; None where
+      the runner does not report it (the controller then reads it).
   """
   loss: float
   nonfinite_step: int
   learning_rate: Optional[float]
+  step: Optional[int] = None
 
 
 class TaskTrainer(orbit.StandardTrainer):
@@ -50,7 +53,8 @@ class TaskTrainer(orbit.StandardTrainer):
 
   `train(n)` runs n steps inside one `tf.function` (a `tf.while_loop`) unless
   `run_eagerly`; `loop_status()` then reads what the loop reports (its mean
-  loss, a non-finite step, a scheduled learning rate) in one device read.
+  loss, a non-finite step, a scheduled learning rate, the global step) in
+  one device read.
   Task metrics and the window's sums keep accumulating across loops until
   `read_and_reset_metrics()`, so summaries cover every step since the last
   summary.
@@ -118,11 +122,14 @@ class TaskTrainer(orbit.StandardTrainer):
     self._dropped = set()  # Non-scalar names, warned about once.
     # What the host reads after each loop, in one read: the loop's mean
     # loss, the step whose loss was not finite (-1: none; the loop stops
-    # right after it) and, for a schedule, the learning rate after the loop
+    # right after it), for a schedule the learning rate after the loop
     # (NaN for a constant rate: an eager schedule evaluation costs ~0.4 ms,
-    # measured, so it is computed in the compiled loop).
-    self._status = tf.Variable([0.0, -1.0, float("nan")], dtype=tf.float64,
-                               trainable=False, name="loop_status")
+    # measured, so it is computed in the compiled loop) and the global step
+    # after the loop (the controller checks the loop's count with it,
+    # without a read of its own; float64 holds steps exactly to 2**53).
+    self._status = tf.Variable([0.0, -1.0, float("nan"), 0.0],
+                               dtype=tf.float64, trainable=False,
+                               name="loop_status")
     # Batches thrown away (after a non-finite loss); checkpointed, so the
     # input can be skipped to `global_step + discarded_batches` on resume.
     self.discarded_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
@@ -270,14 +277,14 @@ class TaskTrainer(orbit.StandardTrainer):
       # The checked step alone, then the loop's other steps: the step is
       # traced twice, not three times (measured on a ResNet-18).
       first_batch.append(loop_fn(iterator, num_steps, check_first_step=True))
-      first_loss, nonfinite_step, _ = self._status.numpy()
+      first_loss, nonfinite_step, _, _ = self._status.numpy()
       rest = int(num_steps) - 1
       if nonfinite_step >= 0 or rest <= 0:
         return
       loop_fn(iterator, tf.constant(rest, tf.int32))
-      mean_loss, nonfinite_step, rate = self._status.numpy()
+      mean_loss, nonfinite_step, rate, step = self._status.numpy()
       self._status.assign([(first_loss + rest * mean_loss) / (rest + 1),
-                           nonfinite_step, rate])
+                           nonfinite_step, rate, step])
 
     self._train_loop_fn = first_loop
     try:
@@ -482,7 +489,8 @@ class TaskTrainer(orbit.StandardTrainer):
           done += 1.0
       self._status.assign(tf.stack([
           tf.cast(total / tf.maximum(done, 1.0), tf.float64),
-          tf.cast(nonfinite_step, tf.float64), self._scheduled_rate()]))
+          tf.cast(nonfinite_step, tf.float64), self._scheduled_rate(),
+          tf.cast(self.global_step.read_value(), tf.float64)]))
       return first_batch
 
     self._compiled_loop = None if self._run_eagerly else tf.function(loop)
@@ -619,18 +627,17 @@ class TaskTrainer(orbit.StandardTrainer):
              / self.strategy.num_replicas_in_sync for name in names]
     self._extras.assign_add(tf.stack(means))
 
-  def train_loop_end(self) -> Dict[str, tf.Variable]:
-    """Returns `status`: the loop's mean loss, the step whose loss was not
-    finite (or -1) and a scheduled learning rate (or NaN); see
-    `loop_status`."""
-    return {"status": self._status}
-
   def loop_status(self) -> LoopStatus:
-    """Reads what the last loop reported, in one device read."""
-    loss, nonfinite_step, learning_rate = self._status.numpy()
+    """Reads what the last loop reported, in one device read.
+
+    A loop returns no output of its own (`train` returns None): its loss
+    and scheduled learning rate are read here, and the controller gives
+    them to its train actions.
+    """
+    loss, nonfinite_step, learning_rate, step = self._status.numpy()
     return LoopStatus(float(loss), int(nonfinite_step),
                       None if math.isnan(learning_rate) else
-                      float(learning_rate))
+                      float(learning_rate), int(step))
 
   def read_and_reset_metrics(self) -> Dict[str, float]:
     """Returns the window's mean loss, gradient norm (when the step reports
