@@ -15,21 +15,19 @@ sys.path.insert(0, REPO_ROOT)
 import trainer  # noqa: E402,F401  Sets TF_USE_LEGACY_KERAS before TF loads.
 import gin  # noqa: E402
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
 # pylint: disable-next=g-direct-tensorflow-import
 from tensorflow.python.framework import config as framework_config  # noqa
 
 import tf_keras  # noqa: E402
 
+from trainer import devices  # noqa: E402
 from trainer import placement  # noqa: E402
 
 NUM_CPU_DEVICES = 2
 # Epoch seconds after which no further test starts (`.ci/run` sets it for
 # the slow tests, so that CI ends within its time limit).
 START_BY = "TRAINER_TESTS_START_BY"
-tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices("CPU")[0],
-    [tf.config.LogicalDeviceConfiguration()] * NUM_CPU_DEVICES)
+devices.split_cpu(NUM_CPU_DEVICES, "tests/conftest.py NUM_CPU_DEVICES")
 
 
 @pytest.fixture(autouse=True)

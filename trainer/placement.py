@@ -24,6 +24,7 @@ from typing import List, Optional, Sequence
 import tensorflow as tf
 import tf_keras
 
+from trainer import devices as devices_lib
 from trainer import errors
 from trainer import user_errors
 
@@ -56,17 +57,8 @@ def configure(num_devices: int) -> List[str]:
           f"GPUs; this host has {len(gpus)}.")
     _devices = [f"/device:GPU:{i}" for i in range(num_devices)]
     return list(_devices)
-  cpu = tf.config.list_physical_devices("CPU")[0]
-  try:
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
-  except RuntimeError as e:
-    have = len(tf.config.list_logical_devices("CPU"))
-    if have != num_devices:
-      raise errors.ConfigError(
-          f"`runtime.model_parallel_devices` ({num_devices}) cannot split "
-          f"the CPU: TensorFlow already initialised {have} CPU device(s). "
-          "Set it before any TensorFlow op runs.") from e
+  devices_lib.split_cpu(num_devices, "runtime.model_parallel_devices",
+                        effect="split the CPU")
   _devices = [f"/device:CPU:{i}" for i in range(num_devices)]
   return list(_devices)
 

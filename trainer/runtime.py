@@ -19,6 +19,7 @@ from official.utils.misc import keras_utils
 from trainer import checks
 from trainer import cluster
 from trainer import data_service
+from trainer import devices
 from trainer import errors
 from trainer import parameter_server
 from trainer import placement
@@ -315,19 +316,8 @@ def configure_devices(config: RuntimeConfig) -> None:
   Raises:
     errors.ConfigError: If devices were initialised with a different split.
   """
-  if config.num_cpu_devices <= 1:
-    return
-  cpu = tf.config.list_physical_devices("CPU")[0]
-  wanted = [tf.config.LogicalDeviceConfiguration()] * config.num_cpu_devices
-  try:
-    tf.config.set_logical_device_configuration(cpu, wanted)
-  except RuntimeError as e:
-    have = len(tf.config.list_logical_devices("CPU"))
-    if have != config.num_cpu_devices:
-      raise errors.ConfigError(
-          f"`runtime.num_cpu_devices` ({config.num_cpu_devices}) cannot be "
-          f"applied: TensorFlow already initialised {have} CPU device(s). Set "
-          "it before any TensorFlow op runs.") from e
+  if config.num_cpu_devices > 1:
+    devices.split_cpu(config.num_cpu_devices, "runtime.num_cpu_devices")
 
 
 def configure_threads(config: RuntimeConfig) -> None:
