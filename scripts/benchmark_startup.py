@@ -1,7 +1,8 @@
 """Start-up: a finished 1-step digits run of train.py against a bare script.
 
 Each run is a fresh process, timed from launch to exit, whose peak resident
-memory is read from the kernel (`os.wait4`'s `ru_maxrss`):
+memory and CPU time (user and system, all threads) are read from the kernel
+(`os.wait4`'s `ru_maxrss`, `ru_utime` and `ru_stime`):
 
   ours   python train.py --gin_file=gin/digits.gin --mode=train
              --gin_param=trainer.train_steps=1 --model_dir=<fresh directory>
@@ -16,18 +17,19 @@ memory is read from the kernel (`os.wait4`'s `ru_maxrss`):
 The two take turns over `--runs` pairs, the first of a pair alternating, so
 a slow spell on a shared host slows both sides of a pair. Each run must exit
 0 and leave a checkpoint; the bare model must have as many parameters as
-the task's. Reported: the median seconds and peak MiB of each, and the
-ratios ours/bare: of seconds, the median over the pairs of the ratio within
-a pair; of memory, the ratio of the medians.
+the task's. Reported: the median seconds, CPU seconds and peak MiB of
+each, and the ratios ours/bare: of seconds and CPU seconds, the median over
+the pairs of the ratio within a pair; of memory, the ratio of the medians.
+CPU time varies less than wall time on a busy host.
 
 Target: ours <= 1.25x bare in seconds.
 
 Usage, from the repository root:
-  python scripts/benchmark_startup.py [--runs=5]
+  python scripts/benchmark_startup.py [--runs=5] [--train_py=OTHER/train.py]
 
-The last line printed is `JSON {...}`: `seconds` and `peak_mib` (medians per
-contender), `ratio` and `peak_ratio` (ours/bare), `runs`, `target` and the
-1-minute `load` average at the start.
+The last line printed is `JSON {...}`: `seconds`, `cpu_seconds` and
+`peak_mib` (medians per contender), `ratio`, `cpu_ratio` and `peak_ratio`
+(ours/bare), `runs`, `target` and the 1-minute `load` average at the start.
 """
 
 import importlib.util
@@ -50,6 +52,9 @@ from absl import flags
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("runs", 5, "Paired runs (ours, bare) to take the "
                      "median of.", lower_bound=1)
+flags.DEFINE_string("train_py", None, "The train.py to time as ours (run "
+                    "from its folder): another checkout's, to compare; "
+                    "default this one's.")
 
 CONTENDERS = ("ours", "bare")
 TARGET = 1.25
@@ -112,25 +117,26 @@ print(f"bare | step 1 | loss {float(loss):.4f} | "
 PARAMETERS = 320 + 18496 + 73856 + 1290
 
 
-def command(name: str, model_dir: str, bare_path: str) -> List[str]:
+def command(name: str, model_dir: str, bare_path: str,
+            train_py: str) -> List[str]:
   """Returns the argv of contender `name` writing into `model_dir`."""
   if name == "ours":
-    return [sys.executable, os.path.join(REPO_ROOT, "train.py"),
+    return [sys.executable, train_py,
             "--gin_file=gin/digits.gin", "--mode=train",
             "--gin_param=trainer.train_steps=1", f"--model_dir={model_dir}"]
   return [sys.executable, bare_path, model_dir]
 
 
-def run_once(name: str, argv: List[str], model_dir: str
-             ) -> Tuple[float, float]:
-  """Runs `argv` to its exit; returns (seconds, peak MiB).
+def run_once(name: str, argv: List[str], model_dir: str,
+             cwd: str = REPO_ROOT) -> Tuple[float, float, float]:
+  """Runs `argv` to its exit; returns (seconds, peak MiB, CPU seconds).
 
   Raises:
     RuntimeError: If it fails or leaves no checkpoint in `model_dir`.
   """
   with tempfile.TemporaryFile("w+") as output:
     start = time.perf_counter()
-    process = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=output,
+    process = subprocess.Popen(argv, cwd=cwd, stdout=output,
                                stderr=subprocess.STDOUT)
     _, status, usage = os.wait4(process.pid, 0)
     seconds = time.perf_counter() - start
@@ -145,11 +151,14 @@ def run_once(name: str, argv: List[str], model_dir: str
   if name == "bare" and f"| {PARAMETERS} parameters |" not in text:
     raise RuntimeError(f"bare's model has not {PARAMETERS} parameters:\n"
                        f"{text[-3000:]}")
-  return seconds, usage.ru_maxrss / 1024  # KiB on Linux.
+  # ru_maxrss is in KiB on Linux.
+  return seconds, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
-def benchmark(runs: int, root: str) -> Dict[str, List[Tuple[float, float]]]:
-  """Returns contender -> (seconds, peak MiB) of each run, in pair order."""
+def benchmark(runs: int, root: str, train_py: str
+              ) -> Dict[str, List[Tuple[float, float, float]]]:
+  """Returns contender -> (seconds, peak MiB, CPU seconds) of each run, in
+  pair order."""
   bare_path = os.path.join(root, "bare_digits.py")
   with open(bare_path, "w") as f:
     f.write(BARE_SCRIPT)
@@ -159,40 +168,53 @@ def benchmark(runs: int, root: str) -> Dict[str, List[Tuple[float, float]]]:
     for name in order:
       model_dir = os.path.join(root, f"{name}-{pair}")
       results[name].append(run_once(
-          name, command(name, model_dir, bare_path), model_dir))
+          name, command(name, model_dir, bare_path, train_py), model_dir,
+          cwd=os.path.dirname(train_py)))
   return results
 
 
-def report(results: Dict[str, List[Tuple[float, float]]]) -> Dict[str, object]:
+def _median_ratio(values: Dict[str, List[float]]) -> float:
+  """The median over the pairs of ours/bare within a pair."""
+  return statistics.median(
+      ours / bare for ours, bare in zip(values["ours"], values["bare"]))
+
+
+def report(results: Dict[str, List[Tuple[float, float, float]]]
+           ) -> Dict[str, object]:
   """Prints the table; returns the figures of the JSON line."""
-  seconds = {name: [run[0] for run in results[name]] for name in CONTENDERS}
-  peaks = {name: [run[1] for run in results[name]] for name in CONTENDERS}
-  medians = {name: statistics.median(seconds[name]) for name in CONTENDERS}
-  peak_medians = {name: statistics.median(peaks[name])
-                  for name in CONTENDERS}
-  ratio = statistics.median(
-      ours / bare for ours, bare in zip(seconds["ours"], seconds["bare"]))
+  seconds, peaks, cpu = ({name: [run[i] for run in results[name]]
+                          for name in CONTENDERS} for i in range(3))
+  medians, peak_medians, cpu_medians = (
+      {name: statistics.median(values[name]) for name in CONTENDERS}
+      for values in (seconds, peaks, cpu))
+  ratio, cpu_ratio = _median_ratio(seconds), _median_ratio(cpu)
   peak_ratio = peak_medians["ours"] / peak_medians["bare"]
-  print(f"{'contender':<10}{'median':>9}{'min':>9}{'max':>9}{'peak':>9}"
-        "  (seconds, MiB)")
+  print(f"{'contender':<10}{'median':>9}{'min':>9}{'max':>9}{'cpu':>9}"
+        f"{'peak':>9}  (seconds, CPU seconds, MiB)")
   for name in CONTENDERS:
     print(f"{name:<10}{medians[name]:9.2f}{min(seconds[name]):9.2f}"
-          f"{max(seconds[name]):9.2f}{peak_medians[name]:9.0f}")
+          f"{max(seconds[name]):9.2f}{cpu_medians[name]:9.2f}"
+          f"{peak_medians[name]:9.0f}")
   verdict = "PASS" if ratio <= TARGET else "FAIL"
-  print(f"ours/bare {ratio:.3f}x seconds (median of pairs), "
-        f"{peak_ratio:.3f}x peak memory | target <= {TARGET:.2f}x: "
-        f"{verdict}")
-  return {"seconds": medians, "peak_mib": peak_medians, "ratio": ratio,
+  print(f"ours/bare {ratio:.3f}x seconds (median of pairs), {cpu_ratio:.3f}x "
+        f"CPU seconds, {peak_ratio:.3f}x peak memory | target <= "
+        f"{TARGET:.2f}x: {verdict}")
+  return {"seconds": medians, "cpu_seconds": cpu_medians,
+          "peak_mib": peak_medians, "ratio": ratio, "cpu_ratio": cpu_ratio,
           "peak_ratio": peak_ratio}
 
 
 def main(argv):
   del argv
   load = os.getloadavg()[0]
+  train_py = os.path.abspath(FLAGS.train_py or
+                             os.path.join(REPO_ROOT, "train.py"))
   print(f"start-up of a 1-step digits run, {FLAGS.runs} pair(s) of fresh "
         f"processes, load {load:.2f}")
+  if FLAGS.train_py:
+    print(f"ours: {train_py}")
   with tempfile.TemporaryDirectory(prefix="startup-") as root:
-    figures = report(benchmark(FLAGS.runs, root))
+    figures = report(benchmark(FLAGS.runs, root, train_py))
   figures.update(runs=FLAGS.runs, target=TARGET, load=load)
   print("JSON " + json.dumps(figures))
 

@@ -32,25 +32,30 @@ def test_one_pair_prints_the_table_and_the_figures():
   lines = result.stdout.strip().splitlines()
   assert lines[0].startswith("start-up of a 1-step digits run, 1 pair(s) of "
                              "fresh processes, load ")
-  assert lines[1].split() == ["contender", "median", "min", "max", "peak",
-                              "(seconds,", "MiB)"]
+  assert lines[1].split() == ["contender", "median", "min", "max", "cpu",
+                              "peak", "(seconds,", "CPU", "seconds,", "MiB)"]
   figures = json.loads(lines[-1].removeprefix("JSON "))
-  assert sorted(figures) == ["load", "peak_mib", "peak_ratio", "ratio",
-                             "runs", "seconds", "target"]
+  assert sorted(figures) == ["cpu_ratio", "cpu_seconds", "load", "peak_mib",
+                             "peak_ratio", "ratio", "runs", "seconds",
+                             "target"]
   assert figures["runs"] == 1 and figures["target"] == 1.25
   seconds, peaks = figures["seconds"], figures["peak_mib"]
-  assert sorted(seconds) == sorted(peaks) == ["bare", "ours"]
-  assert all(value > 0 for value in [*seconds.values(), *peaks.values()])
+  cpu = figures["cpu_seconds"]
+  assert sorted(seconds) == sorted(peaks) == sorted(cpu) == ["bare", "ours"]
+  assert all(value > 0 for value in [*seconds.values(), *peaks.values(),
+                                     *cpu.values()])
   # One pair: the median ratio is that pair's ratio.
   assert figures["ratio"] == seconds["ours"] / seconds["bare"]
+  assert figures["cpu_ratio"] == cpu["ours"] / cpu["bare"]
   assert figures["peak_ratio"] == peaks["ours"] / peaks["bare"]
   for row, name in zip(lines[2:4], ["ours", "bare"]):
     # One run: median, min and max are that run's seconds.
     assert row.split() == [name] + [f"{seconds[name]:.2f}"] * 3 + [
-        f"{peaks[name]:.0f}"]
+        f"{cpu[name]:.2f}", f"{peaks[name]:.0f}"]
   verdict = "PASS" if figures["ratio"] <= 1.25 else "FAIL"
   assert lines[4] == (
       f"ours/bare {figures['ratio']:.3f}x seconds (median of pairs), "
+      f"{figures['cpu_ratio']:.3f}x CPU seconds, "
       f"{figures['peak_ratio']:.3f}x peak memory | target <= 1.25x: "
       f"{verdict}")
   assert len(lines) == 6
@@ -72,5 +77,6 @@ def test_a_failed_run_or_one_without_checkpoint_stops_the_benchmark(
     benchmark_startup.run_once("bare", silent, str(tmp_path))
   assert str(raised.value) == (
       f"bare's model has not {benchmark_startup.PARAMETERS} parameters:\n")
-  seconds, peak = benchmark_startup.run_once("ours", silent, str(tmp_path))
-  assert seconds > 0 and peak > 1
+  seconds, peak, cpu = benchmark_startup.run_once("ours", silent,
+                                                  str(tmp_path))
+  assert seconds > 0 and peak > 1 and cpu > 0
