@@ -25,6 +25,7 @@ import tensorflow as tf
 import tf_keras
 
 from trainer import errors
+from trainer import graph_code
 
 # The devices parts are placed on; empty when model parallelism is off.
 _devices: List[str] = []
@@ -70,6 +71,7 @@ def configure(num_devices: int) -> List[str]:
   return list(_devices)
 
 
+@graph_code.written_for_graphs
 def active() -> bool:
   """Whether model parallelism is on (parts may sit on several devices)."""
   return len(_devices) > 1
@@ -94,6 +96,7 @@ def devices(num_parts: int) -> List[Optional[str]]:
           for part in range(num_parts)]
 
 
+@graph_code.written_for_graphs
 def gradients(tape: tf.GradientTape, loss: tf.Tensor,
               variables: Sequence[tf.Variable]) -> List[Optional[tf.Tensor]]:
   """Returns the gradients of `loss`; each on its forward op's device when
