@@ -293,7 +293,24 @@ def run() -> None:
                     training=FLAGS.mode in TRAINING_MODES or FLAGS.dry_run)
   _check_kill_wait(config.preemption_grace_seconds)
   _quiet_tensorflow()
-  app.run(lambda _: main(model_dir, *loaded), argv=sys.argv[:1])
+  app.run(lambda _: _collected(main(model_dir, *loaded)), argv=sys.argv[:1])
+
+
+def _collected(exit_code: int) -> int:
+  """Frees what the run left, then spares the interpreter's exit most of
+  its garbage collection; returns `exit_code`.
+
+  The run's objects are collected here, as the exit would (a summary
+  writer in a reference cycle flushes when it is freed). What is left is
+  mostly TensorFlow's modules, which the exit's collections would walk
+  through again for nothing: frozen, they are skipped (measured: a 1-step
+  digits run's exit took 1.0-1.9 s, 0.3-0.4 s with this). The exit still
+  runs `atexit` functions, flushes streams and frees objects by reference
+  count.
+  """
+  gc.collect()
+  gc.freeze()
+  return exit_code
 
 
 def _quiet_tensorflow() -> None:

@@ -19,6 +19,7 @@ import tensorflow as tf
 import tf_keras
 
 from trainer import errors
+from trainer import graph_code
 
 # (inputs, model, optimizer) -> (loss, gradients, model outputs).
 GradientFn = Callable[..., Tuple[tf.Tensor, List[Optional[tf.Tensor]], Any]]
@@ -51,6 +52,7 @@ class StepOptions:
                clip_value=config.gradient_clip_value)
 
 
+@graph_code.written_for_graphs
 def micro_batch(inputs, index, num_micro_batches: int):
   """Returns micro-batch `index` of `num_micro_batches` equal parts."""
   if num_micro_batches == 1:
@@ -63,6 +65,7 @@ def micro_batch(inputs, index, num_micro_batches: int):
   return tf.nest.map_structure(part, inputs)
 
 
+@graph_code.written_for_graphs
 def accumulate(gradient_fn: GradientFn, inputs, model, optimizer,
                num_micro_batches: int,
                on_outputs: Callable[[Any, Any], None]
@@ -85,6 +88,9 @@ def accumulate(gradient_fn: GradientFn, inputs, model, optimizer,
   Returns:
     `(loss, gradients)`, gradients None for variables the loss ignores.
   """
+  # Possibly the user's: converted by autograph (`graph_code`).
+  gradient_fn = graph_code.user_code(gradient_fn)
+  on_outputs = graph_code.user_code(on_outputs)
   first = micro_batch(inputs, 0, num_micro_batches)
   loss, grads, outputs = gradient_fn(first, model, optimizer)
   on_outputs(first, outputs)
@@ -111,6 +117,7 @@ def accumulate(gradient_fn: GradientFn, inputs, model, optimizer,
       grads, [total * tf.cast(scale, total.dtype) for total in carried])
 
 
+@graph_code.written_for_graphs
 def sum_over_replicas(grads: List[Optional[tf.Tensor]]
                       ) -> List[Optional[tf.Tensor]]:
   """Sums each gradient over the replicas in sync (in replica context)."""
@@ -131,6 +138,7 @@ def _in_place_of_present(grads: List[Optional[tf.Tensor]],
   return [None if g is None else next(values) for g in grads]
 
 
+@graph_code.written_for_graphs
 def _optimizer_must_aggregate() -> bool:
   """Whether the optimizer must sum the gradients itself.
 
@@ -144,6 +152,7 @@ def _optimizer_must_aggregate() -> bool:
       tf.compat.v1.distribute.experimental.CentralStorageStrategy))
 
 
+@graph_code.written_for_graphs
 def clip_and_apply(optimizer, grads: List[Optional[tf.Tensor]], variables,
                    options: StepOptions) -> tf.Tensor:
   """Sums `grads` over replicas, clips them and applies them.
@@ -167,12 +176,14 @@ def clip_and_apply(optimizer, grads: List[Optional[tf.Tensor]], variables,
   return norm
 
 
+@graph_code.written_for_graphs
 def global_norm(grads: List[Optional[tf.Tensor]]) -> tf.Tensor:
   """Returns the float32 global norm of the gradients that exist."""
   present = [tf.cast(g, tf.float32) for g in grads if g is not None]
   return tf.linalg.global_norm(present) if present else tf.constant(0.0)
 
 
+@graph_code.written_for_graphs
 def clip(grads: List[Optional[tf.Tensor]], norm: tf.Tensor,
          options: StepOptions) -> List[Optional[tf.Tensor]]:
   """Clips by global norm (given, computed before) and then by value."""

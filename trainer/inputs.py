@@ -20,6 +20,7 @@ from trainer import cluster
 from trainer import console
 from trainer import data_service
 from trainer import errors
+from trainer import graph_code
 from trainer import task as task_lib
 
 DatasetFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
@@ -237,6 +238,7 @@ class DistributedInput:
 
     return dataset_fn
 
+  @graph_code.written_for_graphs
   def split(self, batch):
     """Splits a worker batch into per-replica values for `strategy.run`.
 

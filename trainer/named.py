@@ -20,6 +20,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Set
 import tf_keras
 
 from trainer import errors
+from trainer import graph_code
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
@@ -31,6 +32,7 @@ def named(value: Any) -> Dict[str, Any]:
   return dict(value) if several(value) else {"": value}
 
 
+@graph_code.written_for_graphs
 def several(value: Any) -> bool:
   """Whether a Task built several (named) models.
 

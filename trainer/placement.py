@@ -26,6 +26,7 @@ import tf_keras
 
 from trainer import devices as devices_lib
 from trainer import errors
+from trainer import graph_code
 from trainer import user_errors
 
 # The devices parts are placed on; empty when model parallelism is off.
@@ -63,6 +64,7 @@ def configure(num_devices: int) -> List[str]:
   return list(_devices)
 
 
+@graph_code.written_for_graphs
 def active() -> bool:
   """Whether model parallelism is on (parts may sit on several devices)."""
   return len(_devices) > 1
@@ -89,6 +91,7 @@ def devices(num_parts: int) -> List[Optional[str]]:
           for part in range(num_parts)]
 
 
+@graph_code.written_for_graphs
 def gradients(tape: tf.GradientTape, loss: tf.Tensor,
               variables: Sequence[tf.Variable]) -> List[Optional[tf.Tensor]]:
   """Returns the gradients of `loss`; each on its forward op's device when

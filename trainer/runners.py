@@ -22,6 +22,7 @@ from trainer import data_loss
 from trainer import data_service
 from trainer import errors
 from trainer import gradients
+from trainer import graph_code
 from trainer import inputs as inputs_lib
 from trainer import loss_scaling
 from trainer import named
@@ -435,6 +436,7 @@ class TaskTrainer(orbit.StandardTrainer):
     with tf.control_dependencies(reference):
       return self._replica_step(inputs), reference
 
+  @graph_code.written_for_graphs
   def _with_norms(self, logs, norms):
     """Adds each model's gradient norm (`trainer.minimize`'s) to a step's
     logs as `gradient_norm/<model>`, and makes the loss NaN where a norm is
@@ -509,6 +511,7 @@ class TaskTrainer(orbit.StandardTrainer):
     next(self.train_iterator)
     self.discarded_batches.assign_add(1)
 
+  @graph_code.written_for_graphs
   def _scheduled_rate(self) -> tf.Tensor:
     """The learning rate now if it follows a schedule, else NaN."""
     if not self._scheduled:
@@ -516,10 +519,12 @@ class TaskTrainer(orbit.StandardTrainer):
     return tf.cast(optimization.current_learning_rate(
         named.first(self.optimizer)), tf.float64)
 
+  @graph_code.written_for_graphs
   def train_step(self, iterator) -> tf.Tensor:
     """Runs one step on every replica; returns the global mean loss."""
     return self._step(iterator)
 
+  @graph_code.written_for_graphs
   def _step(self, iterator, check_loss_scaling: bool = False):
     """`train_step`; returns the global mean loss.
 
@@ -588,6 +593,7 @@ class TaskTrainer(orbit.StandardTrainer):
       return tf.cast(loss, tf.float32), first_batch
     return tf.cast(loss, tf.float32)
 
+  @graph_code.written_for_graphs
   def _add_extra_scalars(self, logs: Dict[str, object]) -> None:
     """Adds the replica mean of every other scalar the step returned (an
     override's `penalty`, say) to the window, for the train summaries.
@@ -667,6 +673,7 @@ class TaskTrainer(orbit.StandardTrainer):
       results["input_wait_seconds"] = waited
     return results
 
+  @graph_code.written_for_graphs
   def _measures_input_wait(self) -> bool:
     """Whether steps time their wait for input.
 

@@ -17,6 +17,7 @@ import tf_keras
 from trainer import errors
 from trainer import exports
 from trainer import gradients
+from trainer import graph_code
 from trainer import named
 from trainer import optimization
 from trainer import placement
@@ -152,11 +153,13 @@ class Task:
     """
     return exports.default_signatures(model, features_spec)
 
+  @graph_code.written_for_graphs
   def process_metrics(self, metrics, labels, model_outputs) -> None:
     """Updates each metric with a batch of labels and outputs."""
     for metric in metrics:
       metric.update_state(labels, model_outputs)
 
+  @graph_code.written_for_graphs
   def train_step(self, inputs, model: tf_keras.Model,
                  optimizer: tf_keras.optimizers.Optimizer,
                  metrics: Optional[List[tf_keras.metrics.Metric]] = None,
@@ -185,11 +188,14 @@ class Task:
       the global norm of the summed gradients before clipping.
     """
     options = options or gradients.StepOptions()
+    # A subclass's hooks are converted by autograph (`graph_code`).
+    process_metrics = graph_code.user_code(self.process_metrics)
     loss, grads = gradients.accumulate(
         options.gradient_fn or self.compute_gradients, inputs, model,
         optimizer, options.accumulation_steps,
-        lambda batch, outputs: self.process_metrics(metrics or [], batch[1],
-                                                    outputs))
+        graph_code.written_for_graphs(
+            lambda batch, outputs: process_metrics(metrics or [], batch[1],
+                                                   outputs)))
     norm = gradients.clip_and_apply(optimizer, grads,
                                     model.trainable_variables, options)
     if not isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
@@ -200,6 +206,7 @@ class Task:
                       tf.constant(float("nan"), loss.dtype))
     return {"loss": loss, "gradient_norm": norm}
 
+  @graph_code.written_for_graphs
   def compute_gradients(self, inputs, model: tf_keras.Model,
                         optimizer: tf_keras.optimizers.Optimizer
                         ) -> Tuple[tf.Tensor, List[tf.Tensor], Any]:
@@ -217,7 +224,8 @@ class Task:
     features, labels = inputs
     with tf.GradientTape() as tape:
       outputs = float32_outputs(model(features, training=True))
-      per_example_loss = self.build_losses(labels, outputs)
+      per_example_loss = graph_code.user_code(self.build_losses)(labels,
+                                                                 outputs)
       loss = tf.nn.compute_average_loss(per_example_loss)
       if model.losses:
         loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
@@ -271,6 +279,7 @@ class Task:
     return {}
 
 
+@graph_code.written_for_graphs
 def float32_outputs(outputs):
   """Casts every floating tensor of `outputs` to float32.
 
@@ -288,9 +297,10 @@ def _checked_losses(build_losses):
   if getattr(build_losses, "_checks_rank", False):
     return build_losses
 
+  @graph_code.written_for_graphs
   @functools.wraps(build_losses)
   def checked(self, *args, **kwargs):
-    losses = build_losses(self, *args, **kwargs)
+    losses = graph_code.user_code(build_losses)(self, *args, **kwargs)
     if getattr(getattr(losses, "shape", None), "rank", None) == 0:
       raise errors.ConfigError(
           f"{type(self).__name__}.build_losses returned a scalar: return "
@@ -307,6 +317,7 @@ def _checked_losses(build_losses):
 _BROADCAST = ("<<build_losses broadcast: ", ">>")
 
 
+@graph_code.written_for_graphs
 def _one_apart(shorter: tf.TensorShape, longer: tf.TensorShape) -> bool:
   """Whether `longer` is `shorter` with a trailing axis of 1."""
   return (shorter.rank is not None and longer.rank == shorter.rank + 1 and
@@ -314,6 +325,7 @@ def _one_apart(shorter: tf.TensorShape, longer: tf.TensorShape) -> bool:
           longer[:-1].is_compatible_with(shorter))
 
 
+@graph_code.written_for_graphs
 def _checked_alignment(task: "Task", build_losses, losses, args, kwargs):
   """Returns `losses`, checked for labels that broadcast against outputs.
 
@@ -336,7 +348,8 @@ def _checked_alignment(task: "Task", build_losses, losses, args, kwargs):
   rest = dict(kwargs)
   rest.pop("labels", None)
   rest.pop("model_outputs", None)
-  alone = build_losses(task, labels[:1], outputs[:1], *args[2:], **rest)
+  alone = graph_code.user_code(build_losses)(task, labels[:1], outputs[:1],
+                                             *args[2:], **rest)
   first = tf.cast(losses[:1], tf.float32)
   alone = tf.cast(tf.reshape(alone, [-1])[:1], tf.float32)
   aligned = tf.reduce_all(
