@@ -190,11 +190,11 @@ def build_ours(strategy: tf.distribute.Strategy,
       trainer=task_trainer,
       strategy=strategy,
       steps_per_loop=steps_per_loop,
-      reporter=summaries.TrainReporter(
+      hooks=[summaries.TrainReporter(
           tf.summary.create_file_writer(summary_dir),
           train_steps=train_steps, global_batch_size=GLOBAL_BATCH_SIZE,
           summary_interval=SUMMARY_INTERVAL,
-          scalars_fn=lambda: state_lib.loss_scale_scalars(optimizer)))
+          scalars_fn=lambda: state_lib.loss_scale_scalars(optimizer))])
 
   def run(num_steps: int) -> int:
     controller.train(controller.step + num_steps)

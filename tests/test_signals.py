@@ -280,8 +280,7 @@ def _receiver(progress=(10, 8)):
     raise _Exited(line, code, asked)
 
   receiver = preemption.Receiver(exit_fn, clock=lambda: now[0])
-  watcher = preemption.PreemptionWatcher()
-  watcher.progress_fn = lambda: progress
+  watcher = preemption.PreemptionWatcher(progress_fn=lambda: progress)
   receiver.watcher = watcher
   return receiver, watcher
 
@@ -320,8 +319,7 @@ def test_receiver_says_which_steps_a_forced_exit_leaves_unsaved():
           asked),
                                  clock=lambda: now[0])
   now = [0.0]
-  watcher = preemption.PreemptionWatcher()
-  watcher.progress_fn = lambda: progress[0]
+  watcher = preemption.PreemptionWatcher(progress_fn=lambda: progress[0])
   receiver.watcher = watcher
   receiver.configure(42, 25.0, training=True)
   with watcher.armed():
@@ -357,8 +355,7 @@ def test_receiver_ends_a_wait_for_input_once_its_step_is_saved():
   receiver = preemption.Receiver(
       lambda line, code, asked=False: exits.append((line, code, asked)),
       clock=lambda: 0.0)
-  watcher = preemption.PreemptionWatcher()
-  watcher.progress_fn = lambda: progress[0]
+  watcher = preemption.PreemptionWatcher(progress_fn=lambda: progress[0])
   receiver.watcher = watcher
   receiver.configure(42, 25.0, training=True)
   with watcher.armed():

@@ -4,6 +4,7 @@ import gin
 import pytest
 import tensorflow as tf
 
+from trainer import loop_hooks
 from trainer import summaries
 
 import helpers
@@ -55,6 +56,15 @@ class _Clock:
     return self.now
 
 
+def _after_loop(reporter, step, num_steps, seconds, loss, learning_rate,
+                read_metrics):
+  """Reports a loop to `reporter` as the controller does."""
+  reporter.after_loop(step, loop_hooks.LoopResult(
+      num_steps=num_steps, seconds=seconds, loss=loss,
+      learning_rate=learning_rate, output={"loss": loss},
+      read_metrics=read_metrics))
+
+
 def _reporter(tmp_path, clock, **overrides):
   settings = dict(train_steps=40, global_batch_size=8, summary_interval=20)
   settings.update(overrides)
@@ -69,7 +79,7 @@ def test_reporter_progress_line_and_eta_after_the_first_loop(tmp_path,
   metrics = lambda: {"loss": 0.5, "learning_rate": 0.1}  # noqa: E731
   for step in (10, 20, 30):
     clock.now += 2.0
-    reporter.after_loop(step, 10, 1.0, 0.5, None, metrics)
+    _after_loop(reporter, step, 10, 1.0, 0.5, None, metrics)
   lines = capsys.readouterr().out.splitlines()
   # 10 steps in 1 s of loop time; the ETA counts the clock: 20 steps in 4 s
   # since the first loop, 10 steps to go.
@@ -88,7 +98,7 @@ def test_reporter_writes_summaries_at_interval_multiples_and_the_end(
 
   reporter = _reporter(tmp_path, _Clock(), train_steps=50)
   for step in (10, 20, 30, 40, 50):
-    reporter.after_loop(step, 10, 2.0, 0.25, None, metrics)
+    _after_loop(reporter, step, 10, 2.0, 0.25, None, metrics)
   scalars = helpers.read_scalars(str(tmp_path))
   assert [step for step, _ in scalars["loss"]] == [20, 40, 50]
   assert len(reads) == 3  # Metrics are read (and reset) only then.
@@ -104,7 +114,7 @@ def test_reporter_writes_a_changed_learning_rate_between_summaries(tmp_path):
   reporter = _reporter(tmp_path, _Clock())
   metrics = lambda: {"loss": 1.0, "learning_rate": 0.25}  # noqa: E731
   for step, rate in ((10, 0.5), (20, 0.375), (30, 0.25), (40, 0.25)):
-    reporter.after_loop(step, 10, 1.0, 1.0, rate, metrics)
+    _after_loop(reporter, step, 10, 1.0, 1.0, rate, metrics)
   scalars = helpers.read_scalars(str(tmp_path))
   # Step 10: changed; 20 and 40: in the summaries (the rate they read);
   # 30: the same as the last one written.
@@ -115,8 +125,8 @@ def test_reporter_warns_once_when_input_bound(tmp_path, capsys):
   reporter = _reporter(tmp_path, _Clock(), summary_interval=10)
   # Half of each 1 s loop of 10 steps: 50 ms a step.
   metrics = lambda: {"loss": 1.0, "input_wait_seconds": 0.5}  # noqa: E731
-  reporter.after_loop(10, 10, 1.0, 1.0, None, metrics)
-  reporter.after_loop(20, 10, 1.0, 1.0, None, metrics)
+  _after_loop(reporter, 10, 10, 1.0, 1.0, None, metrics)
+  _after_loop(reporter, 20, 10, 1.0, 1.0, None, metrics)
   out = capsys.readouterr().out
   assert out.count("warning | input-bound: the steps to 10 waited for input "
                    "50% of the time (50.0 ms a step); scripts/benchmark_"
@@ -130,7 +140,7 @@ def test_reporter_ignores_a_wait_not_worth_acting_on(tmp_path, capsys):
   # Half of each 10 ms loop of 10 steps: 0.5 ms a step, what taking a
   # prefetched batch costs a tiny model.
   metrics = lambda: {"loss": 1.0, "input_wait_seconds": 0.005}  # noqa: E731
-  reporter.after_loop(10, 10, 0.01, 1.0, None, metrics)
+  _after_loop(reporter, 10, 10, 0.01, 1.0, None, metrics)
   assert "input-bound" not in capsys.readouterr().out
   assert helpers.read_scalars(str(tmp_path))["input_wait_fraction"] == [
       (10, pytest.approx(0.5))]
@@ -143,7 +153,7 @@ def test_reporter_ignores_a_toy_models_large_share_of_a_small_wait(tmp_path,
   # (seen: "74% of the time (1.0 ms a step)"); a millisecond a step is
   # nothing worth acting on.
   metrics = lambda: {"loss": 1.0, "input_wait_seconds": 0.0104}  # noqa: E731
-  reporter.after_loop(10, 10, 0.014, 1.0, None, metrics)
+  _after_loop(reporter, 10, 10, 0.014, 1.0, None, metrics)
   assert "input-bound" not in capsys.readouterr().out
   assert helpers.read_scalars(str(tmp_path))["input_wait_fraction"] == [
       (10, pytest.approx(0.0104 / 0.014))]
@@ -154,7 +164,7 @@ def test_reporter_warns_where_the_same_share_is_a_large_wait(tmp_path,
   reporter = _reporter(tmp_path, _Clock(), summary_interval=10)
   # The same share of 50 ms steps: 37 ms a step waiting.
   metrics = lambda: {"loss": 1.0, "input_wait_seconds": 0.37}  # noqa: E731
-  reporter.after_loop(10, 10, 0.5, 1.0, None, metrics)
+  _after_loop(reporter, 10, 10, 0.5, 1.0, None, metrics)
   assert [line for line in capsys.readouterr().out.splitlines()
           if line.startswith("warning |")] == [
               "warning | input-bound: the steps to 10 waited for input 74% "

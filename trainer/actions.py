@@ -24,6 +24,7 @@ from trainer import console
 from trainer import errors
 from trainer import exports
 from trainer import files
+from trainer import loop_hooks
 from trainer import summaries
 
 BEST_DIRECTORY = "best"
@@ -159,9 +160,9 @@ class EarlyStoppingConfig:
     checks.at_least("early_stopping.min_delta", self.min_delta, 0)
 
 
-class EarlyStopping:
-  """Eval action that decides when training should stop; also read by the
-  training loop through `stop_reason()`.
+class EarlyStopping(loop_hooks.LoopHook):
+  """Eval action that decides when training should stop, and the loop hook
+  that stops it (`stop_reason()`, asked before every loop).
 
   The record, `model_dir/early_stopping.json`, holds every evaluated step's
   value, written by whichever process evaluates: the training process in

@@ -2,9 +2,10 @@
 
 The controller decides when: when to run a loop, save a checkpoint, evaluate,
 stop. What happens then is its collaborators' concern: the runner's
-(`runners.TaskTrainer`), the reporter's (`summaries.TrainReporter`: progress
-line, train summaries), the non-finite guard's (`rollback.NonFiniteGuard`),
-the preemption watcher's and the profile window's.
+(`runners.TaskTrainer`), the non-finite guard's (`rollback.NonFiniteGuard`),
+the preemption watcher's, and its hooks' (`loop_hooks.LoopHook`: the
+progress line and train summaries, the profile window, early stopping),
+which it calls around every loop in the order `trainer.loop_hooks` gives.
 
 Everything but the per-loop hot path is `orbit.Controller`'s own: `evaluate`,
 eval summaries and actions. `train` and `_train_n_steps` are replaced
@@ -35,7 +36,7 @@ import dataclasses
 import os
 import threading
 import time
-from typing import Callable, Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import orbit
 import tensorflow as tf
@@ -43,11 +44,10 @@ import tensorflow as tf
 from trainer import checkpoints
 from trainer import console
 from trainer import errors
+from trainer import loop_hooks
 from trainer import preemption as preemption_lib
-from trainer import profiler
 from trainer import rollback
 from trainer import run_report
-from trainer import summaries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,38 +74,46 @@ class ControllerOptions:
 class Controller(orbit.Controller):
   """`orbit.Controller` that runs our runners' loops at the cost of a bare
   loop, saves at interval multiples, stops early or on a signal, and rolls
-  back non-finite steps."""
+  back non-finite steps.
+
+  What runs at the loop's cadence without changing its course is a hook
+  (`loop_hooks.LoopHook`): it may shorten a loop or ask to stop, and the
+  controller does the rest. The non-finite guard and the preemption watcher
+  are not hooks, but arguments of their own: they change the course of the
+  loop at points the controller must choose. The guard is asked before every
+  save (and refuses non-finite variables), starts a rollback that restores a
+  checkpoint or raises, and skips a batch on the runner; the watcher opens
+  the window in which a signal asks for a checkpoint, makes every worker
+  agree, and ends training with `errors.Preempted` after the save. Each is
+  one of a kind, and the order of their calls against saves is the
+  controller's contract, not a hook's.
+  """
 
   def __init__(self, *, options: ControllerOptions = ControllerOptions(),
-               reporter: Optional[summaries.TrainReporter] = None,
                guard: Optional[rollback.NonFiniteGuard] = None,
                preemption: Optional[preemption_lib.PreemptionWatcher] = None,
-               stop_fn: Optional[Callable[[], Optional[str]]] = None,
-               profile: Optional[profiler.ProfileWindow] = None,
+               hooks: Sequence[loop_hooks.LoopHook] = (),
                **kwargs):
     """Builds the controller; restores the newest checkpoint if there is one.
 
     Args:
       options: Checkpoint cadence and where to restore from.
-      reporter: Prints the progress line and writes train summaries after
-        each loop; None for neither.
       guard: What a non-finite training loss does (default: stop).
       preemption: Watches for SIGTERM/SIGINT; checked after every loop and
-        every evaluation between loops.
-      stop_fn: Returns why training should stop before the final step (early
-        stopping), or None; asked before every loop.
-      profile: Traces a window of steps; loops are cut at its edges.
+        every evaluation between loops. It learns the step reached from
+        `progress`, given to it where it is built.
+      hooks: Called around every loop of the own loop, in this order (see
+        `trainer.loop_hooks`): the progress line and train summaries, the
+        profile window, early stopping.
       **kwargs: Passed to `orbit.Controller` (trainer, evaluator,
         global_step, strategy, steps_per_loop, checkpoint_manager, actions,
         summary settings).
     """
     # Set before `super().__init__`: it calls `restore_checkpoint`.
     self._options = options
-    self._reporter = reporter
     self._guard = guard or rollback.NonFiniteGuard()
     self._preemption = preemption
-    self._stop_fn = stop_fn
-    self._profile = profile
+    self._hooks = tuple(hooks)
     self._own_loop = callable(getattr(kwargs.get("trainer"), "loop_status",
                                       None))
     # Whether Orbit's summary manager writes anything: without a directory
@@ -126,8 +134,6 @@ class Controller(orbit.Controller):
     # loop saves on its own once a batch comes: one at a time.
     self._saving = threading.Lock()
     self._constructed = False
-    if preemption is not None:
-      preemption.progress_fn = lambda: (self._live_step(), self._newest_step)
     super().__init__(**kwargs)
     self._constructed = True
     self._directory_identity = (
@@ -147,6 +153,14 @@ class Controller(orbit.Controller):
       return int(self.global_step.numpy())
     except (tf.errors.OpError, ValueError, RuntimeError):
       return self._step
+
+  def progress(self) -> Optional[preemption_lib.Progress]:
+    """The step reached and the newest checkpoint's step (None: none), for
+    another thread (a signal's exit line); None until the controller has
+    restored its step."""
+    if self._step is None:
+      return None
+    return (self._live_step(), self._newest_step)
 
   def save_while_waiting(self) -> Optional[str]:
     """Saves the step a loop reached while it waits for input; called from
@@ -225,12 +239,10 @@ class Controller(orbit.Controller):
         self._maybe_save_checkpoint(check_interval=False, force=True)
       while self._step < steps and not self._stop_early():
         self._train_n_steps(self._next_loop_steps(steps))
-        if self._profile is not None:
-          self._profile.after_loop(self._step)
         self._maybe_save_checkpoint()
         self._check_preemption()
-      if self._profile is not None:
-        self._profile.stop(self._step)
+      for hook in self._hooks:
+        hook.end(self._step)
       if checkpoint_at_completion or self.stop_reason:
         self._maybe_save_checkpoint(check_interval=False)
     self._sync_on_async_checkpointing()
@@ -239,15 +251,18 @@ class Controller(orbit.Controller):
     """Returns the steps of the next loop, towards `steps`.
 
     Loops end at multiples of `steps_per_loop` (where summaries are due),
-    also after one that was cut short, and at the profile window's edges and
-    before a batch the guard skips.
+    also after one that was cut short, where a hook cuts them (a profile
+    window's edges) and before a batch the guard skips.
     """
     num_steps = min(steps - self._step,
                     self.steps_per_loop - self._step % self.steps_per_loop)
-    if self._profile is not None:
-      num_steps = self._profile.clip(self._step, num_steps)
-      self._profile.before_loop(self._step)
-    return self._guard.clip(self._step, num_steps, self.trainer.discard_batch)
+    for hook in self._hooks:
+      num_steps = hook.clip(self._step, num_steps)
+    num_steps = self._guard.clip(self._step, num_steps,
+                                 self.trainer.discard_batch)
+    for hook in self._hooks:
+      hook.before_loop(self._step)
+    return num_steps
 
   def evaluate(self, steps: int = -1):
     """Evaluates `steps` batches (-1: all); see `orbit.Controller.evaluate`.
@@ -353,12 +368,16 @@ class Controller(orbit.Controller):
       raise self._preemption.stopped(self._step, agreed=True)
 
   def _stop_early(self) -> bool:
-    """Whether `stop_fn` says to stop; logs the reason once."""
-    if self.stop_reason is None and self._stop_fn is not None:
-      self.stop_reason = self._stop_fn()
-      if self.stop_reason:
-        console.info(f"train | stopping early at step {self._step}: "
-                     f"{self.stop_reason}")
+    """Whether a hook says to stop (the first that gives a reason); logs the
+    reason once."""
+    if self.stop_reason is None:
+      for hook in self._hooks:
+        reason = hook.stop_reason()
+        if reason:
+          self.stop_reason = reason
+          console.info(f"train | stopping early at step {self._step}: "
+                       f"{reason}")
+          break
     return self.stop_reason is not None
 
   def _warn_if_past(self, train_steps: int) -> None:
@@ -419,7 +438,7 @@ class Controller(orbit.Controller):
 
   def _train_n_steps(self, num_steps: int) -> None:
     """Runs one loop of `num_steps` steps, then its actions, Orbit's
-    summaries and the reporter; rolls back a non-finite step.
+    summaries and the hooks; rolls back a non-finite step.
 
     As Orbit's, but with one read from the device (the runner's
     `loop_status`, which also reports the step reached), and Orbit's
@@ -451,10 +470,14 @@ class Controller(orbit.Controller):
           time.perf_counter() - start, 1e-9)
       self.summary_manager.write_summaries(values)
       self.summary_manager.flush()
-    if self._reporter is not None:
-      self._reporter.after_loop(
-          self._step, num_steps, time.perf_counter() - start, status.loss,
-          status.learning_rate, self.trainer.read_and_reset_metrics)
+    if self._hooks:
+      result = loop_hooks.LoopResult(
+          num_steps=num_steps, seconds=time.perf_counter() - start,
+          loss=status.loss, learning_rate=status.learning_rate,
+          output=train_output,
+          read_metrics=self.trainer.read_and_reset_metrics)
+      for hook in self._hooks:
+        hook.after_loop(self._step, result)
 
   def _run_loop(self, num_steps: int):
     """Calls the runner's `train`; returns its output.
@@ -502,9 +525,9 @@ class Controller(orbit.Controller):
                                has_checkpoint=self._newest() is not None)
     self.restore_checkpoint()
     self.trainer.read_and_reset_metrics()  # They include the bad step.
-    if self._reporter is not None:
-      self._reporter.reset_window()
     self._guard.finish_rollback(self._step)
+    for hook in self._hooks:
+      hook.after_rollback(self._step)
 
 
 def _identity(directory: str) -> Optional[tuple]:

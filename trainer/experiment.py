@@ -109,9 +109,15 @@ def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
   """
   with console.held() as release:
     parts = _build(task, mode, runtime, config)
+    controller = None  # Built below, given the watcher.
+
+    def progress() -> Optional[preemption.Progress]:
+      return None if controller is None else controller.progress()
+
     watcher = (preemption.PreemptionWatcher(config.preemption_exit_code,
                                             parts.worker.num_workers,
-                                            parts.worker.is_chief)
+                                            parts.worker.is_chief,
+                                            progress_fn=progress)
                if parts.training else None)
     with (model_dir_lib.write_directory(model_dir, parts.worker, mode,
                                         parts.config) as write_dir,
@@ -367,28 +373,31 @@ def _training_collaborators(
     watcher: Optional[preemption.PreemptionWatcher],
     early_stopping: Optional[actions.EarlyStopping]) -> Dict[str, Any]:
   """Returns the controller's arguments that only training needs: the loop
-  length, the train actions and the collaborators around a loop."""
+  length, the train actions and the collaborators around a loop (the hooks
+  in the order they report: progress line, profile, early stopping)."""
   config, state = parts.config, parts.state
   writer = summaries.LazyWriter(os.path.join(write_dir, "train"))
+  hooks = [summaries.TrainReporter(
+      writer, train_steps=config.train_steps,
+      global_batch_size=config.global_batch_size,
+      summary_interval=config.summary_interval,
+      scalars_fn=lambda: state_lib.loss_scale_scalars(state.optimizer))]
+  if config.profile_steps:
+    hooks.append(profiler.ProfileWindow(config.profile_steps,
+                                        os.path.join(write_dir, "train")))
+  if early_stopping is not None:
+    hooks.append(early_stopping)
   return dict(
       steps_per_loop=config.steps_per_loop,
       train_actions=[
           actions.OperativeConfigWriter(write_dir, writer),
           actions.StatefulRandomCheck(parts.trainer.traced_loop,
                                       parts.runtime.deterministic)],
-      reporter=summaries.TrainReporter(
-          writer, train_steps=config.train_steps,
-          global_batch_size=config.global_batch_size,
-          summary_interval=config.summary_interval,
-          scalars_fn=lambda: state_lib.loss_scale_scalars(state.optimizer)),
       guard=rollback.NonFiniteGuard(
           config.on_nonfinite, config.max_rollbacks,
           finite_fn=state.all_finite, resume_input_fn=parts.resume_input_fn),
       preemption=watcher,
-      stop_fn=early_stopping.stop_reason if early_stopping else None,
-      profile=(profiler.ProfileWindow(config.profile_steps,
-                                      os.path.join(write_dir, "train"))
-               if config.profile_steps else None))
+      hooks=hooks)
 
 
 def _eval_actions(parts: _Parts, controller: controller_lib.Controller,

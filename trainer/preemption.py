@@ -146,18 +146,22 @@ class PreemptionWatcher:
 
   Entered, it attaches to the process's `Receiver`, or else installs Python
   handlers. The controller opens `armed()` windows where a signal asks for a
-  checkpoint, and sets `progress_fn` for the line printed if the process
-  must exit without one.
+  checkpoint; `progress_fn` gives the step reached for the line printed if
+  the process must exit without one.
   """
 
   def __init__(self, exit_code: int = DEFAULT_EXIT_CODE,
-               num_workers: int = 1, is_chief: bool = True):
+               num_workers: int = 1, is_chief: bool = True,
+               progress_fn: Optional[Callable[[], Optional[Progress]]] = None):
     """Creates a watcher.
 
     Args:
       exit_code: What `errors.Preempted` carries after the save.
       num_workers: Workers that must agree on stopping (`agreed`).
       is_chief: Whether this process requeues a SLURM job on SIGUSR1.
+      progress_fn: Returns the step reached and the newest checkpoint's step
+        (None: none), or None before training has a step (the controller's
+        `progress`); called from the signal thread.
     """
     self.exit_code = exit_code
     self.num_workers = num_workers
@@ -169,7 +173,7 @@ class PreemptionWatcher:
     self._previous = {}
     self._armed = 0
     self._trained = False
-    self.progress_fn: Optional[Callable[[], Progress]] = None
+    self._progress_fn = progress_fn
     # Set once a checkpoint is saved for a signal: the process is on its way
     # out with this error's line.
     self.stopping: Optional[errors.Preempted] = None
@@ -233,6 +237,11 @@ class PreemptionWatcher:
     if self._first_received is None:
       self._first_received = signum
     return self.is_armed
+
+  def progress(self) -> Optional[Progress]:
+    """The step reached and the newest checkpoint's step, or None where
+    unknown."""
+    return None if self._progress_fn is None else self._progress_fn()
 
   @property
   def received(self) -> bool:
@@ -424,9 +433,7 @@ class Receiver:
 
   def _progress(self) -> Optional[Progress]:
     watcher = self.watcher
-    if watcher is None or watcher.progress_fn is None:
-      return None
-    return watcher.progress_fn()
+    return None if watcher is None else watcher.progress()
 
   def _exit_now(self, signum: int) -> None:
     """Exits at once for a signal outside training."""

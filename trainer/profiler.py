@@ -2,8 +2,9 @@
 
 `trainer.profile_steps = (start, end)` traces the steps taken while the
 global step goes from `start` to `end` into `model_dir/train`, where
-TensorBoard's Profile tab finds it (`plugins/profile/<run>/`). The controller
-cuts its loops at the window's edges so the trace holds exactly those steps.
+TensorBoard's Profile tab finds it (`plugins/profile/<run>/`). As a loop
+hook, the window cuts the controller's loops at its edges so the trace holds
+exactly those steps.
 A profiler that cannot start (another one running) is logged, not raised:
 profiling is optional.
 """
@@ -14,41 +15,47 @@ import tensorflow as tf
 
 from trainer import checks
 from trainer import console
+from trainer import loop_hooks
 
 
-class ProfileWindow:
-  """Starts and stops the profiler around a window of steps."""
+class ProfileWindow(loop_hooks.LoopHook):
+  """Loop hook: starts and stops the profiler around a window of steps."""
 
   def __init__(self, steps: Tuple[int, int], logdir: str):
-    self.start, self.end = steps
+    self.first, self.last = steps  # The window: steps first to last.
     self._logdir = logdir
     self._running = False
     self.traced = False  # Whether a trace was written.
 
   def clip(self, step: int, num_steps: int) -> int:
     """Shortens a loop starting at `step` so it ends at the window's edges."""
-    for edge in (self.start, self.end):
+    for edge in (self.first, self.last):
       if step < edge < step + num_steps:
         return edge - step
     return num_steps
 
   def before_loop(self, step: int) -> None:
     """Starts tracing if the loop from `step` is inside the window."""
-    if self._running or self.traced or not self.start <= step < self.end:
+    if self._running or self.traced or not self.first <= step < self.last:
       return
     try:
       tf.profiler.experimental.start(self._logdir)
       self._running = True
-      console.log(f"profiling from step {step} to {self.end} into "
+      console.log(f"profiling from step {step} to {self.last} into "
                   f"{self._logdir}")
     except Exception as e:  # pylint: disable=broad-except
       console.warning(f"the profiler did not start: {e}")
       self.traced = True  # Do not try again.
 
-  def after_loop(self, step: int) -> None:
+  def after_loop(self, step: int, result: loop_hooks.LoopResult) -> None:
     """Stops tracing once `step` reaches the window's end."""
-    if self._running and step >= self.end:
+    del result  # Unused.
+    if self._running and step >= self.last:
       self.stop(step)
+
+  def end(self, step: int) -> None:
+    """Stops tracing where training stops before the window's end."""
+    self.stop(step)
 
   def stop(self, step: int) -> None:
     """Stops tracing at `step` (the window's end, or where training ended)."""
@@ -58,7 +65,7 @@ class ProfileWindow:
     try:
       tf.profiler.experimental.stop()
       self.traced = True
-      console.info(f"profile | steps {self.start} to {min(step, self.end)} "
+      console.info(f"profile | steps {self.first} to {min(step, self.last)} "
                    f"traced into {self._logdir}")
     except Exception as e:  # pylint: disable=broad-except
       console.warning(f"the profiler did not stop cleanly: {e}")

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from trainer import console
 from trainer import files
+from trainer import loop_hooks
 
 OPERATIVE_CONFIG_FILE = "operative_config.gin"
 
@@ -132,8 +133,9 @@ INPUT_BOUND_FRACTION = 0.2
 INPUT_BOUND_SECONDS_PER_STEP = 0.005
 
 
-class TrainReporter:
-  """Reports after each training loop: a progress line, and train summaries.
+class TrainReporter(loop_hooks.LoopHook):
+  """Loop hook: after each training loop, a progress line and train
+  summaries.
 
   Train summaries (mean loss, every task metric, the gradient norm, the
   learning rate, steps/s, examples/s, the share of time spent waiting for
@@ -170,37 +172,31 @@ class TrainReporter:
     self.reset_window()
 
   def reset_window(self) -> None:
-    """Starts a new summary window (after a rollback, its steps are gone)."""
+    """Starts a new summary window."""
     self._window_steps = 0
     self._window_seconds = 0.0
 
-  def after_loop(self, step: int, num_steps: int, seconds: float,
-                 loss: float, learning_rate: Optional[float],
-                 read_metrics: Callable[[], Dict[str, float]]) -> None:
-    """Reports a loop of `num_steps` steps that took `seconds` and reached
-    `step` with mean `loss`.
+  def after_rollback(self, step: int) -> None:
+    """Drops the window: its steps are gone."""
+    del step  # Unused.
+    self.reset_window()
 
-    Args:
-      step: The step after the loop.
-      num_steps: Steps the loop ran.
-      seconds: How long the loop took.
-      loss: The loop's mean loss.
-      learning_rate: A scheduled learning rate after the loop, or None.
-      read_metrics: Returns the window's metrics and resets them; called
-        when summaries are due.
-    """
-    steps_per_second = num_steps / max(seconds, 1e-9)
-    self._window_steps += num_steps
-    self._window_seconds += seconds
+  def after_loop(self, step: int, result: loop_hooks.LoopResult) -> None:
+    """Reports a loop that reached `step`: the progress line, and the
+    summaries where due (the metrics are read, and reset, only then)."""
+    steps_per_second = result.num_steps / max(result.seconds, 1e-9)
+    self._window_steps += result.num_steps
+    self._window_seconds += result.seconds
     console.info(progress_line(
         step, self._train_steps, steps_per_second,
-        steps_per_second * self._global_batch_size, loss, self._eta(step)))
+        steps_per_second * self._global_batch_size, result.loss,
+        self._eta(step)))
     if self._writer is None:
       return
     if step % self._summary_interval == 0 or step >= self._train_steps:
-      self._write_summaries(step, read_metrics())
+      self._write_summaries(step, result.read_metrics())
     else:
-      self._write_learning_rate(step, learning_rate)
+      self._write_learning_rate(step, result.learning_rate)
 
   def _eta(self, step: int) -> Optional[float]:
     """Seconds to `train_steps` at the rate since the first loop (which
