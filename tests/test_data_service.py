@@ -517,7 +517,15 @@ def _lone_worker_run(tmp_path, *params):
        f"--gin_param=runtime.data_service=\"grpc://127.0.0.1:{ports[0]}\"",
        "--gin_param=trainer.checkpoint_interval=100", *params],
       cwd=str(tmp_path))
-  run.wait_for(r"^saved checkpoint run/ckpt-100$", timeout=TIMEOUT)
+  try:
+    run.wait_for(r"^saved checkpoint run/ckpt-100$", timeout=TIMEOUT)
+  except BaseException:
+    # The callers stop these only once it returns: a run that never got
+    # there must not leave its servers behind for later tests.
+    run.close()
+    for server in servers:
+      server.stop()
+    raise
   return run, servers, ports
 
 
