@@ -5,7 +5,7 @@ categorical crossentropy from logits, loss scaled by the GLOBAL batch), one
 data set (4,096 random in-memory examples, repeated, global batch 256,
 prefetched) and one strategy object, it times four contenders:
 
-  ours   `trainer.controller.Controller` driving `trainer.runners.TaskTrainer`
+  ours   `trainer.loop.controller.Controller` driving `trainer.loop.runners.TaskTrainer`
          built from a `trainer.Task`, as `trainer.experiment.run` builds them,
          with train summaries written to a temporary directory every
          `SUMMARY_INTERVAL` (100) steps at both `steps_per_loop` values, and
@@ -61,14 +61,14 @@ import orbit
 import tensorflow as tf
 import tf_keras
 
-from trainer import controller as controller_lib
-from trainer import inputs as inputs_lib
-from trainer import optimization
-from trainer import runners
 from trainer import runtime as runtime_lib
 from trainer import state as state_lib
-from trainer import summaries
-from trainer import usage
+from trainer.data import inputs as inputs_lib
+from trainer.loop import controller as controller_lib
+from trainer.loop import reporter
+from trainer.loop import runners
+from trainer.model import optimization
+from trainer.report import usage
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("strategy", "one_device", ["one_device", "mirrored"],
@@ -190,7 +190,7 @@ def build_ours(strategy: tf.distribute.Strategy,
       trainer=task_trainer,
       strategy=strategy,
       steps_per_loop=steps_per_loop,
-      hooks=[summaries.TrainReporter(
+      hooks=[reporter.TrainReporter(
           tf.summary.create_file_writer(summary_dir),
           train_steps=train_steps, global_batch_size=GLOBAL_BATCH_SIZE,
           summary_interval=SUMMARY_INTERVAL,

@@ -64,12 +64,12 @@ import tensorflow as tf
 
 from tasks import fake_data
 from trainer import cli
-from trainer import cluster
-from trainer import gradients
-from trainer import inputs as inputs_lib
-from trainer import runners
 from trainer import runtime as runtime_lib
 from trainer import state as state_lib
+from trainer.data import inputs as inputs_lib
+from trainer.distribute import cluster
+from trainer.loop import runners
+from trainer.model import gradients
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("fake_data", 0, "Write this many random training "

@@ -44,7 +44,7 @@ import tf_keras
 from official.vision.modeling import backbones
 
 from trainer import experiment
-from trainer import usage
+from trainer.report import usage
 
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Rounds of one run each way.")
 _STEPS = flags.DEFINE_integer("steps", 10, "Steps per run (one loop).")

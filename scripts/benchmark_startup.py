@@ -220,7 +220,7 @@ def main(argv):
 
 
 def _usage_module():
-  """Returns trainer/usage.py, loaded alone: importing the `trainer` package
+  """Returns trainer/report/usage.py, loaded alone: importing the `trainer` package
   would load TensorFlow into this process, which only waits."""
   spec = importlib.util.spec_from_file_location(
       "trainer_usage", os.path.join(REPO_ROOT, "trainer", "usage.py"))

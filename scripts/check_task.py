@@ -50,13 +50,13 @@ import tf_keras
 from trainer import actions
 from trainer import cli
 from trainer import errors
-from trainer import gradients
-from trainer import inputs as inputs_lib
-from trainer import named
-from trainer import runners
 from trainer import runtime as runtime_lib
 from trainer import state as state_lib
-from trainer import task as task_lib
+from trainer.data import inputs as inputs_lib
+from trainer.loop import runners
+from trainer.model import gradients
+from trainer.model import named
+from trainer.model import task as task_lib
 
 PROGRAM = "check_task.py"
 FLAGS = flags.FLAGS

@@ -57,9 +57,9 @@ sys.path.insert(0, REPO_ROOT)
 import trainer  # noqa: E402  Selects Keras 2 before TensorFlow loads.
 from absl import flags
 import tensorflow as tf
-from trainer import data_service
-from trainer import tf_logs
-from trainer import usage
+from trainer.data import service as data_service
+from trainer.report import tf_logs
+from trainer.report import usage
 # Registers tensorflow-text's ops, which text pipelines (ImdbSentiment)
 # run on the workers.
 import tensorflow_text  # noqa: F401  pylint: disable=unused-import
@@ -155,7 +155,7 @@ class WorkerReport:
   """A dispatcher's line whenever its workers change: how many are
   registered and, checked every `PROBE_SECONDS`, which of them nothing
   answers at (TensorFlow keeps a dead worker registered for good; see
-  `trainer.data_service.unreachable_workers`)."""
+  `trainer.data.service.unreachable_workers`)."""
 
   PROBE_SECONDS = 10.0
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A one-node SLURM cluster in a directory of its own: to try the SLURM
 # commands of docs/distributed/clusters.md on one machine, and for
-# tests/test_slurm.py.
+# tests/distribute/test_slurm.py.
 #
 #   sudo apt-get install -y slurm-wlm munge        # Debian/Ubuntu, once
 #   scripts/local_slurm.sh start DIR               # munged, slurmctld, slurmd

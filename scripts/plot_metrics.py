@@ -34,7 +34,7 @@ matplotlib.use("Agg")  # Before pyplot: no display needed.
 from matplotlib import pyplot as plt
 import tensorflow as tf
 
-from trainer import usage
+from trainer.report import usage
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("output", "metrics.png", "Path of the PNG to write.")

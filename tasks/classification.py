@@ -18,9 +18,9 @@ import tf_keras
 import trainer
 from tasks import tfds_inputs
 from tasks import tfrecord_inputs
-from trainer import data_loss
 from trainer import errors
-from trainer import inputs
+from trainer.data import data_loss
+from trainer.data import inputs
 
 AUTOTUNE = tf.data.AUTOTUNE
 

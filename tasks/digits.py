@@ -11,7 +11,7 @@ import tensorflow as tf
 import tf_keras
 
 from tasks import classification
-from trainer import inputs
+from trainer.data import inputs
 
 NUM_CLASSES = 10
 NUM_TRAIN = 1437

@@ -18,7 +18,7 @@ import tf_keras
 
 import trainer
 from tasks import digits
-from trainer import inputs
+from trainer.data import inputs
 
 
 @gin.configurable

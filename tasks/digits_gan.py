@@ -25,7 +25,7 @@ import tf_keras
 
 import trainer
 from tasks import digits
-from trainer import inputs
+from trainer.data import inputs
 
 NUM_CLASSES = digits.NUM_CLASSES
 # How many screen pixels each pixel of the sample grid takes.

@@ -23,7 +23,7 @@ import tensorflow as tf
 import tf_keras
 
 import trainer
-from trainer import inputs
+from trainer.data import inputs
 
 _TASTE_DIM = 4
 _LABEL_NOISE = 0.3  # Standard deviation added to the taste agreement.

@@ -1,7 +1,7 @@
 """`SplitDigitsMLP`: an MLP on the 8x8 digits, its two halves on two devices.
 
 The scaling guide's manual model parallelism, as a shipped example: the
-model is a `trainer.placement.StagedModel` of two stages; with
+model is a `trainer.distribute.placement.StagedModel` of two stages; with
 `runtime.model_parallel_devices=2` the first half's weights and ops sit on
 device 0 and the second half's on device 1 (GPUs, or two logical CPUs on a
 machine without accelerators), and TensorFlow copies the activations
@@ -13,7 +13,7 @@ import gin
 import tf_keras
 
 from tasks import digits
-from trainer import placement
+from trainer.distribute import placement
 
 
 @gin.configurable

@@ -20,8 +20,8 @@ from tensorflow.python.framework import config as framework_config  # noqa
 
 import tf_keras  # noqa: E402
 
-from trainer import devices  # noqa: E402
-from trainer import placement  # noqa: E402
+from trainer.distribute import devices  # noqa: E402
+from trainer.distribute import placement  # noqa: E402
 
 NUM_CPU_DEVICES = 2
 # Epoch seconds after which no further test starts (`.ci/run` sets it for

@@ -249,3 +249,24 @@ class TrainProcess:
   @property
   def stderr(self) -> str:
     return "\n".join(self._stderr_lines)
+
+
+def flip_tensor(prefix, name):
+  """Flips 64 bytes in the middle of tensor `name`'s bytes in the data file
+  (found by its value: the test fails if that value is there twice).
+
+  Returns:
+    The damaged file's bytes.
+  """
+  raw = tf.train.load_checkpoint(prefix).get_tensor(name).tobytes()
+  path = prefix + ".data-00000-of-00001"
+  with open(path, "rb") as f:
+    data = bytearray(f.read())
+  start = data.find(raw)
+  assert start >= 0 and data.find(raw, start + 1) == -1
+  middle = start + (len(raw) - 64) // 2
+  for i in range(middle, middle + 64):
+    data[i] ^= 0xFF
+  with open(path, "wb") as f:
+    f.write(data)
+  return bytes(data)

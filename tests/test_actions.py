@@ -11,8 +11,8 @@ import tensorflow as tf
 import trainer
 from trainer import actions
 from trainer import experiment
-from trainer import exports
-from trainer import optimization
+from trainer.model import optimization
+from trainer.storage import exports
 
 import helpers
 

@@ -9,9 +9,9 @@ import trainer
 from tasks import cifar10
 from tasks import fake_data
 from tasks import image_inputs
-from trainer import gin_config
 from trainer import experiment
-from trainer import inputs as inputs_lib
+from trainer import gin_config
+from trainer.data import inputs as inputs_lib
 
 import helpers
 

@@ -8,8 +8,8 @@ import textwrap
 import pytest
 
 from trainer import cli
-from trainer import gin_config
 from trainer import errors
+from trainer import gin_config
 
 import helpers
 

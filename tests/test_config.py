@@ -4,7 +4,7 @@ import pytest
 
 import trainer
 from trainer import actions
-from trainer import exports
+from trainer.storage import exports
 
 
 def _config(**overrides):

@@ -53,7 +53,7 @@ def test_digits_is_replica_invariant(tmp_path, runtime):
   # one_device vs mirrored with SGD: 1.5e-8 after 15 steps, 1.2e-4 after
   # 20; a 1e-6 relative change of the learning rate on one device gives
   # 5e-3 to 5e-2 after 300 steps, with Adam or SGD). Invariance over long
-  # runs is shown on a smooth problem in tests/test_task.py.
+  # runs is shown on a smooth problem in tests/model/test_task.py.
   common = [DIGITS, "--gin_param=trainer.train_steps=10",
             "--gin_param=trainer.steps_per_loop=5",
             "--gin_param=trainer.summary_interval=5",

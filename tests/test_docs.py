@@ -113,7 +113,7 @@ class Block(NamedTuple):
 
   @property
   def run_by(self) -> Optional[str]:
-    found = self.marker and re.match(r"run by (tests/\w+\.py): \S",
+    found = self.marker and re.match(r"run by (tests/[\w/]+\.py): \S",
                                      self.marker)
     return found.group(1) if found else None
 
@@ -415,7 +415,7 @@ def test_pages_cite_no_tests_and_keep_no_history():
   for page in pages():
     prose = _prose(page)
     if page not in DEVELOPMENT_PAGES:
-      assert not re.search(r"tests/test_\w+", prose), page
+      assert not re.search(r"tests/([\w/]+/)?test_\w+", prose), page
     if page not in MEASUREMENT_PAGES:
       assert not re.search(r"(?i)\bmeasured in session|the run before",
                            prose), page

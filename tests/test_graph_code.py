@@ -9,10 +9,10 @@ import tf_keras
 
 import trainer
 from trainer import experiment
-from trainer import gradients
 from trainer import graph_code
-from trainer import runners
-from trainer import task as task_lib
+from trainer.loop import runners
+from trainer.model import gradients
+from trainer.model import task as task_lib
 
 import helpers
 

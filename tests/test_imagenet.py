@@ -8,9 +8,9 @@ import tensorflow_datasets as tfds
 
 from tasks import fake_data
 from tasks import imagenet
-from trainer import gin_config
 from trainer import errors
 from trainer import experiment
+from trainer import gin_config
 
 import helpers
 

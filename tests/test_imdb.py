@@ -6,8 +6,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from tasks import imdb
-from trainer import gin_config
 from trainer import experiment
+from trainer import gin_config
 
 import helpers
 

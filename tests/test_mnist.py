@@ -8,8 +8,8 @@ import tensorflow_datasets as tfds
 
 from tasks import fake_data
 from tasks import mnist
-from trainer import gin_config
 from trainer import experiment
+from trainer import gin_config
 
 import helpers
 

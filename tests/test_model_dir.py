@@ -6,9 +6,9 @@ import pytest
 
 import trainer
 from trainer import actions
-from trainer import cluster
-from trainer import lease
 from trainer import model_dir
+from trainer.distribute import cluster
+from trainer.storage import lease
 
 
 @pytest.mark.parametrize("mode, settings, roles", [

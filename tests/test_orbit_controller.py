@@ -20,8 +20,8 @@ from orbit import controller as orbit_controller
 from orbit import controller_test
 import tensorflow as tf
 
-from trainer import controller as controller_lib
-from trainer import runners
+from trainer.loop import controller as controller_lib
+from trainer.loop import runners
 
 # The test module builds every controller as `controller.Controller(...)`
 # (and subclasses it once) and reads Orbit's usage gauge from the same

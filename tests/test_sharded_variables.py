@@ -16,7 +16,7 @@ import tensorflow as tf
 import helpers
 import trainer
 from tasks import recommendation
-from trainer import parameter_server
+from trainer.distribute import parameter_server
 
 TIMEOUT = 300
 TABLE = "model/layer_with_weights-0/embeddings/.ATTRIBUTES/VARIABLE_VALUE"
@@ -76,7 +76,7 @@ def test_the_recommendation_task_learns_on_one_device(tmp_path):
 
 
 def _adam():
-  from trainer import optimization  # pylint: disable=g-import-not-at-top
+  from trainer.model import optimization  # pylint: disable=g-import-not-at-top
   return optimization.OptimizerConfig(name="adam", learning_rate=0.01)
 
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 import helpers
-from trainer import preemption
+from trainer.loop import preemption
 
 FAULTY_TASK = textwrap.dedent('''
     import time

@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from trainer import task as task_lib
 from trainer import user_errors
+from trainer.model import task as task_lib
 
 import helpers
 
@@ -219,7 +219,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 import trainer
-from trainer import placement
+from trainer.distribute import placement
 
 
 class Classifier(trainer.Task):

@@ -22,19 +22,19 @@ from absl import flags
 import gin
 import tensorflow as tf
 
-from trainer import checkpoints
 from trainer import console
 from trainer import errors
 from trainer import experiment
 from trainer import gin_config
-from trainer import preemption
-from trainer import run_report
 from trainer import runtime as runtime_lib
-from trainer import slurm
-from trainer import task as task_lib
-from trainer import tf_logs
-from trainer import usage
 from trainer import user_errors
+from trainer.distribute import slurm
+from trainer.loop import preemption
+from trainer.model import task as task_lib
+from trainer.report import run_report
+from trainer.report import tf_logs
+from trainer.report import usage
+from trainer.storage import checkpoints
 
 USAGE_EXIT_CODE = 2
 RUNTIME_ERROR_EXIT_CODE = 1

@@ -15,14 +15,14 @@ import gin
 
 from trainer import actions
 from trainer import checks
-from trainer import ema as ema_lib
-from trainer import exports
-from trainer import optimization
-from trainer import optimizer_parts as optimizer_parts_lib
-from trainer import profiler
-from trainer import rollback
-from trainer import scaling
-from trainer import warm_start as warm_start_lib
+from trainer.loop import profiler
+from trainer.loop import rollback
+from trainer.model import ema as ema_lib
+from trainer.model import optimization
+from trainer.model import optimizer_parts as optimizer_parts_lib
+from trainer.model import scaling
+from trainer.model import warm_start as warm_start_lib
+from trainer.storage import exports
 
 INPUT_POSITIONS = ("checkpoint", "skip", "restart")
 

@@ -16,32 +16,33 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import tensorflow as tf
 
 from trainer import actions
-from trainer import checkpoints
-from trainer import cluster
 from trainer import config as config_lib
 from trainer import console
-from trainer import continuous_eval
-from trainer import controller as controller_lib
-from trainer import data_service
 from trainer import errors
-from trainer import evaluator as evaluator_lib
-from trainer import exports
-from trainer import gradients
-from trainer import inputs as inputs_lib
 from trainer import model_dir as model_dir_lib
-from trainer import named
-from trainer import parameter_server
-from trainer import placement
-from trainer import preemption
-from trainer import profiler
-from trainer import rollback
-from trainer import run_report
-from trainer import runners
 from trainer import runtime as runtime_lib
-from trainer import scaling
 from trainer import state as state_lib
-from trainer import summaries
-from trainer import task as task_lib
+from trainer.data import inputs as inputs_lib
+from trainer.data import service as data_service
+from trainer.distribute import cluster
+from trainer.distribute import parameter_server
+from trainer.distribute import placement
+from trainer.loop import continuous_eval
+from trainer.loop import controller as controller_lib
+from trainer.loop import evaluator as evaluator_lib
+from trainer.loop import preemption
+from trainer.loop import profiler
+from trainer.loop import reporter
+from trainer.loop import rollback
+from trainer.loop import runners
+from trainer.model import gradients
+from trainer.model import named
+from trainer.model import scaling
+from trainer.model import task as task_lib
+from trainer.report import run_report
+from trainer.report import summaries
+from trainer.storage import checkpoints
+from trainer.storage import exports
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval")
 TrainerConfig = config_lib.TrainerConfig
@@ -377,7 +378,7 @@ def _training_collaborators(
   in the order they report: progress line, profile, early stopping)."""
   config, state = parts.config, parts.state
   writer = summaries.LazyWriter(os.path.join(write_dir, "train"))
-  hooks = [summaries.TrainReporter(
+  hooks = [reporter.TrainReporter(
       writer, train_steps=config.train_steps,
       global_batch_size=config.global_batch_size,
       summary_interval=config.summary_interval,

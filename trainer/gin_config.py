@@ -20,8 +20,8 @@ import gin
 from trainer import errors
 from trainer import experiment
 from trainer import runtime as runtime_lib
-from trainer import task as task_lib
 from trainer import user_errors
+from trainer.model import task as task_lib
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

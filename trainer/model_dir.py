@@ -13,12 +13,12 @@ import tempfile
 from typing import Iterator, List
 
 from trainer import actions
-from trainer import checkpoints
-from trainer import cluster
 from trainer import config as config_lib
 from trainer import console
-from trainer import lease
-from trainer import summaries
+from trainer.distribute import cluster
+from trainer.report import summaries
+from trainer.storage import checkpoints
+from trainer.storage import lease
 
 # What each lease holder writes at the top of model_dir: it removes the
 # leftovers of its own interrupted writes there, and only those.

@@ -17,13 +17,13 @@ from official.modeling import performance
 from official.utils.misc import keras_utils
 
 from trainer import checks
-from trainer import cluster
-from trainer import data_service
-from trainer import devices
 from trainer import errors
-from trainer import parameter_server
-from trainer import placement
-from trainer import slurm
+from trainer.data import service as data_service
+from trainer.distribute import cluster
+from trainer.distribute import devices
+from trainer.distribute import parameter_server
+from trainer.distribute import placement
+from trainer.distribute import slurm
 
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored",
               "parameter_server", "central_storage", "tpu")

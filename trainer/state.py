@@ -17,15 +17,15 @@ import tf_keras
 from trainer import checks
 from trainer import config as config_lib
 from trainer import console
-from trainer import ema
 from trainer import errors
-from trainer import gradients
-from trainer import named
-from trainer import optimization
-from trainer import optimizer_parts
 from trainer import runtime as runtime_lib
-from trainer import scaling
-from trainer import task as task_lib
+from trainer.model import ema
+from trainer.model import gradients
+from trainer.model import named
+from trainer.model import optimization
+from trainer.model import optimizer_parts
+from trainer.model import scaling
+from trainer.model import task as task_lib
 
 
 @dataclasses.dataclass

@@ -35,7 +35,7 @@ HOOKS = frozenset([
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_ROOT = os.path.dirname(_PACKAGE_DIR)
-_TASK_FILE = os.path.join(_PACKAGE_DIR, "task.py")
+_TASK_FILE = os.path.join(_PACKAGE_DIR, "model", "task.py")
 _FRAMEWORK_PATHS = (_PACKAGE_DIR + os.sep, os.path.join(_REPO_ROOT, "train.py"),
                     os.path.join(_REPO_ROOT, "scripts") + os.sep)
 _LIBRARIES = ("tensorflow", "tf_keras", "keras", "orbit", "official", "absl",

@@ -1,0 +1,34 @@
+"""The host CPU split into logical devices (conftest.py split it in 2)."""
+
+import pytest
+import tensorflow as tf
+
+from trainer import errors
+from trainer import runtime as runtime_lib
+from trainer.distribute import devices
+from trainer.distribute import placement
+
+
+def test_the_split_tensorflow_already_has_is_accepted():
+  devices.split_cpu(2, "runtime.num_cpu_devices")
+  assert len(tf.config.list_logical_devices("CPU")) == 2
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: devices.split_cpu(3, "x.count", effect="split the CPU"),
+     "`x.count` (3) cannot split the CPU: TensorFlow already initialised 2 "
+     "CPU device(s). Set it before any TensorFlow op runs."),
+    (lambda: runtime_lib.configure_devices(
+        runtime_lib.RuntimeConfig(distribution_strategy="mirrored",
+                                  num_cpu_devices=4)),
+     "`runtime.num_cpu_devices` (4) cannot be applied: TensorFlow already "
+     "initialised 2 CPU device(s). Set it before any TensorFlow op runs."),
+    (lambda: placement.configure(3),
+     "`runtime.model_parallel_devices` (3) cannot split the CPU: TensorFlow "
+     "already initialised 2 CPU device(s). Set it before any TensorFlow op "
+     "runs."),
+])
+def test_another_split_after_tensorflow_started_is_one_line(call, message):
+  with pytest.raises(errors.ConfigError) as raised:
+    call()
+  assert str(raised.value) == message

@@ -1,0 +1,30 @@
+"""Summary helpers: scalars, images and the operative config, read back."""
+
+import gin
+import tensorflow as tf
+
+from trainer.report import summaries
+
+import helpers
+
+
+def test_write_scalars_reads_back(tmp_path):
+  writer = tf.summary.create_file_writer(str(tmp_path))
+  summaries.write_scalars(writer, {"loss": 0.5, "accuracy": tf.constant(0.25)},
+                          step=7)
+  assert helpers.read_scalars(str(tmp_path)) == {"loss": [(7, 0.5)],
+                                                 "accuracy": [(7, 0.25)]}
+
+
+def test_operative_config_file_and_text_summary(tmp_path):
+  @gin.configurable("probe")
+  def probe(value=1):
+    return value
+
+  gin.parse_config("probe.value = 42")
+  assert probe() == 42
+  writer = tf.summary.create_file_writer(str(tmp_path / "train"))
+  path = summaries.write_operative_config(str(tmp_path), writer, step=0)
+  with open(path) as f:
+    assert "probe.value = 42" in f.read()
+  assert "operative_config" in helpers.read_tags(str(tmp_path / "train"))

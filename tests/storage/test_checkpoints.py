@@ -1,0 +1,283 @@
+"""Restoring with fallback past damaged checkpoints, and `_temp` cleanup,
+on real checkpoints written by training runs."""
+
+import os
+import re
+
+import pytest
+import tensorflow as tf
+import tf_keras
+
+import trainer
+from trainer import experiment
+from trainer.storage import checkpoints
+
+import helpers
+
+
+def _config(train_steps):
+  return trainer.TrainerConfig(train_steps=train_steps, steps_per_loop=10,
+                               summary_interval=10, checkpoint_interval=10,
+                               global_batch_size=32, max_to_keep=5)
+
+
+def _train(model_dir, train_steps, task=None):
+  experiment.run(task or helpers.LinearRegression(), "train", model_dir,
+                 trainer.RuntimeConfig(seed=0), _config(train_steps))
+
+
+class _AdamRegression(helpers.LinearRegression):
+  """Adam, whose slots a restore reads only when the first step makes
+  them."""
+
+  def create_optimizer(self, settings):
+    del settings
+    return tf_keras.optimizers.legacy.Adam(0.01)
+
+
+def _truncate(prefix):
+  path = prefix + ".data-00000-of-00001"
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) // 2)
+
+
+def _delete_data(prefix):
+  os.remove(prefix + ".data-00000-of-00001")
+
+
+def _flip_bytes(prefix):
+  path = prefix + ".data-00000-of-00001"
+  with open(path, "r+b") as f:
+    data = bytearray(f.read())
+    for i in range(0, len(data), 7):
+      data[i] ^= 0xFF
+    f.seek(0)
+    f.write(data)
+
+
+def _read(path):
+  with open(path, "rb") as f:
+    return f.read()
+
+
+@pytest.mark.parametrize("damage", [_truncate, _delete_data, _flip_bytes])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(
+    tmp_path, capfd, damage):
+  model_dir = str(tmp_path)
+  _train(model_dir, 20)
+  at_10 = helpers.checkpoint_numbers(os.path.join(model_dir, "ckpt-10"))
+  damage(os.path.join(model_dir, "ckpt-20"))
+
+  _train(model_dir, 30)
+  out = capfd.readouterr().out
+  assert f"checkpoint | cannot restore {model_dir}/ckpt-20" in out
+  assert (f"checkpoint | restored {model_dir}/ckpt-10 instead of the damaged "
+          "ckpt-20") in out
+  assert "restored checkpoint" in out and "at step 10" in out
+  # It resumed from step 10 (the weights there), retrained 20 and 30.
+  assert helpers.checkpoint_step(model_dir) == 30
+  assert at_10["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == 10
+  # The good checkpoint was not deleted.
+  assert os.path.exists(os.path.join(model_dir, "ckpt-10.index"))
+
+
+def test_resume_after_fallback_matches_an_undamaged_run(tmp_path):
+  straight = str(tmp_path / "straight")
+  _train(straight, 30)
+  damaged = str(tmp_path / "damaged")
+  _train(damaged, 20)
+  _flip_bytes(os.path.join(damaged, "ckpt-20"))
+  _train(damaged, 30)
+  assert helpers.max_weight_difference(
+      helpers.checkpoint_weights(damaged),
+      helpers.checkpoint_weights(straight)) == 0.0
+
+
+def _assert_fell_back(lines, model_dir, slot, shard_bytes, task_name):
+  """`lines` (a run's output) begin with the run's header, resuming from
+  ckpt-10, then the restore's lines: ckpt-20 is damaged at `slot`."""
+  prefix = os.path.join(model_dir, "ckpt-20")
+  header = [line for line in lines if line.startswith("run | ")]
+  assert lines[:len(header)] == header, lines
+  assert header[0] == (f"run | {task_name}, train in {model_dir}: resuming "
+                       "from ckpt-10, step 10")
+  lines = lines[len(header):]
+  assert re.fullmatch(
+      re.escape(f"checkpoint | cannot restore {prefix} (DataLossError: {slot} "
+                f"in shard 0 ({shard_bytes} bytes): Checksum does not match: "
+                "stored ")
+      + r"\d+ vs\. calculated on the restored bytes \d+\)", lines[0]), lines
+  assert lines[1:3] == [
+      f"checkpoint | restored {model_dir}/ckpt-10 instead of the damaged "
+      "ckpt-20 (kept as ckpt-20-damaged)",
+      f"restored checkpoint {model_dir}/ckpt-10 at step 10"]
+
+
+def test_a_damaged_optimizer_slot_falls_back_at_restore(tmp_path, capfd):
+  # The slot is read only when the first step makes it: the restore must
+  # check it first, or the step fails on every run.
+  straight = str(tmp_path / "straight")
+  _train(straight, 30, _AdamRegression())
+  model_dir = str(tmp_path / "damaged")
+  _train(model_dir, 20, _AdamRegression())
+  slot = "model/layer_with_weights-0/kernel/.OPTIMIZER_SLOT/optimizer/m"
+  prefix = os.path.join(model_dir, "ckpt-20")
+  index = _read(prefix + ".index")
+  damaged = helpers.flip_tensor(prefix, slot + "/.ATTRIBUTES/VARIABLE_VALUE")
+  capfd.readouterr()
+
+  _train(model_dir, 30, _AdamRegression())
+  _assert_fell_back(capfd.readouterr().out.splitlines(), model_dir, slot,
+                    128, "_AdamRegression")
+  # It trained on from step 10, as if nothing had happened: every weight
+  # and slot.
+  assert helpers.max_weight_difference(
+      helpers.checkpoint_numbers(os.path.join(model_dir, "ckpt-30")),
+      helpers.checkpoint_numbers(os.path.join(straight, "ckpt-30"))) == 0.0
+  # The damaged files are kept as they were, out of the way of the new save
+  # of step 20.
+  assert _read(prefix + "-damaged.data-00000-of-00001") == damaged
+  assert _read(prefix + "-damaged.index") == index
+  assert helpers.checkpoint_step(prefix) == 20
+
+
+def test_verify_reads_only_what_a_restore_of_its_roots_reads(tmp_path):
+  model_dir = str(tmp_path)
+  _train(model_dir, 20, _AdamRegression())
+  prefix = os.path.join(model_dir, "ckpt-20")
+  helpers.flip_tensor(prefix, "model/layer_with_weights-0/kernel/.OPTIMIZER_SLOT/"
+               "optimizer/v/.ATTRIBUTES/VARIABLE_VALUE")
+  # An evaluation restores no optimizer, so reads none of its slots.
+  checkpoints.verify(prefix, {"model", "global_step"})
+  with pytest.raises(tf.errors.DataLossError,
+                     match=r"^model/layer_with_weights-0/kernel/"
+                     r"\.OPTIMIZER_SLOT/optimizer/v in shard 0 \(128 bytes\): "
+                     r"Checksum does not match"):
+    checkpoints.verify(prefix, {"model", "global_step", "optimizer"})
+  with pytest.raises(tf.errors.DataLossError, match="OPTIMIZER_SLOT"):
+    checkpoints.verify(prefix)
+
+
+def test_no_restorable_checkpoint_is_one_error_and_deletes_nothing(tmp_path):
+  model_dir = str(tmp_path)
+  _train(model_dir, 20)
+  for prefix in ("ckpt-10", "ckpt-20"):
+    _delete_data(os.path.join(model_dir, prefix))
+  before = helpers.snapshot(model_dir)
+  with pytest.raises(trainer.ConfigError,
+                     match=r"^no checkpoint in \S+ can be restored \(tried "
+                     r"ckpt-20, ckpt-10\)\.$"):
+    _train(model_dir, 30)
+  assert helpers.snapshot(model_dir) == before
+
+
+def test_interrupted_save_folders_are_removed(tmp_path):
+  model_dir = str(tmp_path)
+  _train(model_dir, 10)
+  # What a save killed midway leaves: TensorFlow writes shards into
+  # `<prefix>_temp/` and renames them when the save completes.
+  leftover = tmp_path / "ckpt-20_temp"
+  leftover.mkdir()
+  (leftover / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"x")
+  assert checkpoints.remove_interrupted_saves(
+      model_dir, [checkpoints.SAVES]) == [str(leftover)]
+  assert not leftover.exists()
+  assert os.path.exists(os.path.join(model_dir, "ckpt-10.index"))
+  # A training run cleans up on start.
+  leftover.mkdir()
+  _train(model_dir, 20)
+  assert not leftover.exists()
+
+
+def test_each_role_removes_the_leftovers_of_its_own_writes(tmp_path):
+  model_dir = str(tmp_path)
+  _train(model_dir, 10)
+  trainers = [tmp_path / "ckpt-20_temp",
+              tmp_path / "export" / ".tmp-1500-0a1b2c3d",
+              tmp_path / ".tmp-operative_config.gin-abc.part"]
+  evaluators = [tmp_path / "best" / "ckpt-500_temp",
+                tmp_path / "best" / "export" / ".tmp-300-0a1b2c3d",
+                tmp_path / "best" / "export" / ".tmp-300-0a1b2c3d.old",
+                tmp_path / "best" / ".tmp-best.json-y.part",
+                tmp_path / "eval" / ".tmp-evaluated.json-x.part",
+                tmp_path / ".tmp-early_stopping.json-z.part"]
+  for path in trainers + evaluators:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.name.endswith(".part"):
+      path.write_text("{")
+    else:
+      path.mkdir()
+      (path / "data").write_bytes(b"x")
+  kept = [tmp_path / "best" / "ckpt-400.index", tmp_path / "best" / "best.json",
+          tmp_path / "export" / "1000" / "saved_model.pb"]
+  for path in kept:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("kept")
+  # A trainer beside a running evaluator leaves the evaluator's writes alone.
+  removed = checkpoints.remove_interrupted_saves(
+      model_dir, [checkpoints.SAVES, "operative_config.gin", "export"])
+  assert sorted(removed) == sorted(str(p) for p in trainers)
+  assert all(path.exists() for path in evaluators)
+  removed = checkpoints.remove_interrupted_saves(
+      model_dir, ["best", "eval", "early_stopping.json"])
+  assert sorted(removed) == sorted(str(p) for p in evaluators)
+  assert all(path.exists() for path in kept)
+  assert os.path.exists(os.path.join(model_dir, "ckpt-10.index"))
+
+
+def test_a_checkpoint_without_input_position_restores_the_rest(tmp_path,
+                                                               capsys):
+  # Saved as a parameter-server chief saves: no iterator.
+  weights = tf.Variable([1.0, 2.0])
+  step = tf.Variable(7, dtype=tf.int64)
+  tf.train.CheckpointManager(
+      tf.train.Checkpoint(model=weights, global_step=step), str(tmp_path),
+      3).save(checkpoint_number=7)
+  # Restored by a run that saves its iterator.
+  restored_weights = tf.Variable([0.0, 0.0])
+  restored_step = tf.Variable(0, dtype=tf.int64)
+  iterator = iter(tf.data.Dataset.range(5))
+  manager = tf.train.CheckpointManager(
+      tf.train.Checkpoint(model=restored_weights, global_step=restored_step,
+                          **{checkpoints.INPUT_POSITION: iterator}),
+      str(tmp_path), 3)
+  assert checkpoints.restore(manager) == str(tmp_path / "ckpt-7")
+  assert restored_weights.numpy().tolist() == [1.0, 2.0]
+  assert int(restored_step.numpy()) == 7
+  assert int(next(iterator).numpy()) == 0  # From the start.
+  assert ("input | ckpt-7 holds no input position (saved where none can be "
+          "checkpointed: parameter servers, several workers, the tf.data "
+          "service): the training input starts from its first batch"
+          in capsys.readouterr().out)
+  # Anything else missing is still a model mismatch.
+  other = tf.train.CheckpointManager(
+      tf.train.Checkpoint(model=restored_weights, global_step=restored_step,
+                          head=tf.Variable(0.0)), str(tmp_path), 3)
+  with pytest.raises(trainer.ConfigError, match="does not fit this model"):
+    checkpoints.restore(other)
+
+
+@pytest.mark.slow  # Two train.py runs: 64 s measured on 2 busy cores.
+def test_train_py_falls_back_from_a_damaged_optimizer_slot(tmp_path):
+  # Issue 30: the first step failed with "the input data is damaged:
+  # TensorBundle at .../ckpt-20 ...", exit 1, on every run.
+  model_dir = str(tmp_path / "digits")
+  args = ["--gin_file=gin/digits.gin", f"--model_dir={model_dir}",
+          "--mode=train", "--gin_param=trainer.steps_per_loop=10",
+          "--gin_param=trainer.summary_interval=10",
+          "--gin_param=trainer.checkpoint_interval=10"]
+  first = helpers.run_cli(args + ["--gin_param=trainer.train_steps=20"])
+  assert first.returncode == 0, first.stderr[-2000:]
+  slot = "model/layer_with_weights-2/kernel/.OPTIMIZER_SLOT/optimizer/m"
+  prefix = os.path.join(model_dir, "ckpt-20")
+  index = _read(prefix + ".index")
+  damaged = helpers.flip_tensor(prefix, slot + "/.ATTRIBUTES/VARIABLE_VALUE")
+
+  second = helpers.run_cli(args + ["--gin_param=trainer.train_steps=30"])
+  assert second.returncode == 0, second.stderr[-2000:]
+  _assert_fell_back(second.stdout.splitlines(), model_dir, slot, 294912,
+                    "DigitsClassification")
+  assert "train.py: error" not in second.stderr
+  assert helpers.checkpoint_step(model_dir) == 30
+  assert _read(prefix + "-damaged.data-00000-of-00001") == damaged
+  assert _read(prefix + "-damaged.index") == index

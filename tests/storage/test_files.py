@@ -1,0 +1,70 @@
+"""Atomic writes of files, JSON records and whole directories."""
+
+import os
+
+import pytest
+
+from trainer.storage import files
+
+
+def test_write_text_replaces_and_leaves_no_temporary(tmp_path):
+  path = str(tmp_path / "sub" / "file.txt")
+  files.write_text(path, "one")
+  files.write_text(path, "two")
+  with open(path) as f:
+    assert f.read() == "two"
+  assert os.listdir(tmp_path / "sub") == ["file.txt"]
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o027, 0o640),
+                                        (0o002, 0o664)])
+def test_written_files_follow_the_umask(tmp_path, umask, mode):
+  previous = os.umask(umask)
+  try:
+    path = str(tmp_path / "record.json")
+    files.write_json(path, {"step": 1})
+    with open(tmp_path / "plain", "w") as f:  # What `open` gives, for scale.
+      f.write("x")
+  finally:
+    os.umask(previous)
+  assert os.stat(path).st_mode & 0o777 == mode
+  assert os.stat(tmp_path / "plain").st_mode & 0o777 == mode
+
+
+def test_json_round_trip_and_missing_file(tmp_path):
+  path = str(tmp_path / "record.json")
+  assert files.read_json(path) is None
+  files.write_json(path, {"step": 400, "value": 0.975})
+  assert files.read_json(path) == {"step": 400, "value": 0.975}
+
+
+def _fill_with(content):
+  def fill(directory):
+    os.makedirs(directory)
+    with open(os.path.join(directory, "data"), "w") as f:
+      f.write(content)
+  return fill
+
+
+def test_write_directory_creates_and_replaces_whole(tmp_path):
+  target = str(tmp_path / "export" / "100")
+  files.write_directory(target, _fill_with("first"))
+  files.write_directory(target, _fill_with("second"))
+  with open(os.path.join(target, "data")) as f:
+    assert f.read() == "second"
+  assert os.listdir(tmp_path / "export") == ["100"]
+
+
+def test_failed_write_directory_leaves_the_old_one(tmp_path):
+  target = str(tmp_path / "100")
+  files.write_directory(target, _fill_with("good"))
+
+  def broken(directory):
+    _fill_with("half")(directory)
+    raise OSError("disk full")
+
+  with pytest.raises(OSError, match="disk full"):
+    files.write_directory(target, broken)
+  with open(os.path.join(target, "data")) as f:
+    assert f.read() == "good"
+  assert os.listdir(tmp_path) == ["100"]

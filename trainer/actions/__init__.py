@@ -1,0 +1,22 @@
+"""Actions run after a loop's or an evaluation's output, one per module.
+
+Each follows Orbit's `Action` protocol: a callable taking the loop's output
+(train actions) or the evaluation's results (eval actions).
+"""
+
+from trainer.actions.best_checkpoint import BEST_DIRECTORY
+from trainer.actions.best_checkpoint import BEST_RECORD
+from trainer.actions.best_checkpoint import BestCheckpoint
+from trainer.actions.best_checkpoint import BestCheckpointConfig
+from trainer.actions.early_stopping import EARLY_STOPPING_RECORD
+from trainer.actions.early_stopping import EarlyStopping
+from trainer.actions.early_stopping import EarlyStoppingConfig
+from trainer.actions.operative_config import OperativeConfigWriter
+from trainer.actions.stateful_random import STATEFUL_RANDOM_OPS
+from trainer.actions.stateful_random import stateful_random_ops
+from trainer.actions.stateful_random import StatefulRandomCheck
+
+__all__ = ["BEST_DIRECTORY", "BEST_RECORD", "BestCheckpoint",
+           "BestCheckpointConfig", "EARLY_STOPPING_RECORD", "EarlyStopping",
+           "EarlyStoppingConfig", "OperativeConfigWriter",
+           "STATEFUL_RANDOM_OPS", "StatefulRandomCheck", "stateful_random_ops"]

@@ -1,0 +1,2 @@
+"""Input: building a Task's datasets, telling damaged input apart, and the
+tf.data service."""

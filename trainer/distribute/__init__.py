@@ -1,0 +1,2 @@
+"""Distribution below the loop: devices, the cluster, SLURM, model placement
+and the parameter-server strategy."""

@@ -1,0 +1,140 @@
+"""`TaskEvaluator`: the Orbit evaluator built from a `Task`, the inner eval
+loop.
+
+It owns `strategy.run` over the eval split, the mean loss over every
+evaluated example, and Model Garden's aggregation contract
+(`aggregate_logs`, `reduce_aggregated_logs`); the Task owns the per-replica
+maths.
+"""
+
+import contextlib
+from typing import Callable, ContextManager, Dict
+
+import numpy as np
+import orbit
+import tensorflow as tf
+import tf_keras
+
+from trainer import errors
+from trainer.data import data_loss
+from trainer.data import inputs as inputs_lib
+from trainer.model import named
+from trainer.model import task as task_lib
+
+
+class TaskEvaluator(orbit.StandardEvaluator):
+  """Runs a Task's `validation_step` over the eval split on every replica.
+
+  Results: `loss` (mean per-example loss over every evaluated example), each
+  task metric by name, and whatever `reduce_aggregated_logs` returns.
+  """
+
+  def __init__(self, task: task_lib.Task, model: tf_keras.Model,
+               strategy: tf.distribute.Strategy,
+               eval_input: inputs_lib.DistributedInput,
+               global_step: tf.Variable, *, run_eagerly: bool = False,
+               weights: Callable[[], ContextManager] = contextlib.nullcontext):
+    """Builds the evaluator.
+
+    Args:
+      task: Supplies `validation_step`, the eval metrics and aggregation.
+      model: The model, built in `strategy.scope()`.
+      strategy: Runs the replica steps.
+      eval_input: The eval batches and their split over replicas.
+      global_step: Passed to `reduce_aggregated_logs`.
+      run_eagerly: Run steps without `tf.function`.
+      weights: A context in which the model holds the weights to evaluate
+        (the EMA averages, say); entered around every evaluation.
+    """
+    if named.several(model) and not task_lib.overrides(task,
+                                                       "validation_step"):
+      raise errors.ConfigError(
+          f"{type(task).__name__} builds several models "
+          f"({', '.join(model)}): it must override `validation_step`, which "
+          "gets them by name.")
+    self.task = task
+    self.model = model
+    self.strategy = strategy
+    self.global_step = global_step
+    self._input = eval_input
+    with strategy.scope():
+      self.metrics = task.build_metrics(training=False)
+      self._loss = tf_keras.metrics.Mean("loss")
+    # Only a task that aggregates outputs pays for returning them.
+    self._aggregates = task_lib.overrides(task, "aggregate_logs")
+    self._requested_steps = -1  # Of the current evaluation; -1: all.
+    self._steps_run = 0
+    self._weights = weights
+    self.images: Dict[str, np.ndarray] = {}  # Of the last evaluation.
+    super().__init__(
+        eval_input.dataset,
+        options=orbit.StandardEvaluatorOptions(
+            use_tf_function=not run_eagerly))
+
+  def evaluate(self, num_steps: tf.Tensor):
+    """Evaluates with the model holding the weights to evaluate.
+
+    Raises:
+      errors.ConfigError: If the eval set ended before `num_steps` batches.
+      errors.RunError: If an input file is damaged, naming it.
+    """
+    self._requested_steps = int(num_steps)
+    with self._weights():
+      try:
+        return super().evaluate(num_steps)
+      except tf.errors.InvalidArgumentError as e:
+        mistake = task_lib.broadcast_error(e)
+        if mistake is None:
+          raise
+        raise mistake from e
+      except tf.errors.DataLossError as e:
+        raise errors.RunError(data_loss.describe(e, self._input.dataset)
+                              ) from e
+
+  def eval_begin(self):
+    self._steps_run = 0
+    for metric in self.metrics + [self._loss]:
+      metric.reset_state()
+    # No state yet: as in Model Garden, the first step's logs reach
+    # `aggregate_logs` with `state=None`.
+    return None
+
+  def _replica_step(self, inputs):
+    logs = dict(self.task.validation_step(inputs, self.model, self.metrics))
+    self._loss.update_state(logs.pop("loss"))
+    return logs
+
+  def eval_step(self, iterator):
+    batch = self._input.split(next(iterator))
+    logs = self.strategy.run(self._replica_step, args=(batch,))
+    if not self._aggregates:
+      return None
+    return tf.nest.map_structure(self.strategy.experimental_local_results,
+                                 logs)
+
+  def eval_reduce(self, state=None, step_outputs=None):
+    self._steps_run += 1  # Called eagerly after every step.
+    if not self._aggregates:
+      return None
+    return self.task.aggregate_logs(state, step_outputs)
+
+  def eval_end(self, aggregated_logs=None) -> Dict[str, float]:
+    if not self._loss.count.numpy():
+      # Losses of 0.0 would be reported, and look like the best ever.
+      raise errors.ConfigError(
+          "the evaluation dataset yielded no example (filtered out "
+          "entirely?); `build_inputs(training=False)` must return some.")
+    # The input ended before the steps asked for (its size was unknown).
+    inputs_lib.check_validation_steps(self._requested_steps, self._steps_run)
+    results = {"loss": self._loss.result()}
+    results.update({metric.name: metric.result() for metric in self.metrics})
+    if self._aggregates:
+      results.update(self.task.reduce_aggregated_logs(
+          aggregated_logs, global_step=self.global_step))
+    # Images ([height, width, channels]) go to `images`, for the image
+    # summaries and PNG files written after the evaluation.
+    self.images = {name: np.asarray(value) for name, value in results.items()
+                   if np.ndim(value) == 3}
+    # Python floats print readably in Orbit's eval line.
+    return {name: float(value) for name, value in results.items()
+            if name not in self.images}

@@ -1,0 +1,91 @@
+"""TensorBoard summaries: a lazily made writer, scalars, images and the
+operative gin config."""
+
+import os
+from typing import Mapping, Optional, Union
+
+import gin
+import numpy as np
+import tensorflow as tf
+
+from trainer.storage import files
+
+OPERATIVE_CONFIG_FILE = "operative_config.gin"
+
+
+class LazyWriter:
+  """A summary writer for `log_dir`, created when first written to.
+
+  `tf.summary.create_file_writer` creates an event file at once; a run
+  that stops before its first summary (a bad checkpoint, a bad setting)
+  must leave `model_dir` as it found it.
+  """
+
+  def __init__(self, log_dir: str):
+    self.log_dir = log_dir
+    self._writer = None
+
+  def as_default(self, step: Optional[int] = None):
+    return self._get().as_default(step=step)
+
+  def flush(self) -> None:
+    if self._writer is not None:
+      self._writer.flush()
+
+  def _get(self) -> tf.summary.SummaryWriter:
+    if self._writer is None:
+      self._writer = tf.summary.create_file_writer(self.log_dir)
+    return self._writer
+
+
+# What summaries are written through.
+Writer = Union[tf.summary.SummaryWriter, LazyWriter]
+
+
+def write_scalars(writer: Writer, scalars: Mapping[str, object], step: int,
+                  flush: bool = True) -> None:
+  """Writes each value of `scalars` as a scalar summary at `step`."""
+  with writer.as_default(step=step):
+    for name, value in scalars.items():
+      tf.summary.scalar(name, value)
+  if flush:
+    writer.flush()
+
+
+def write_images(log_dir: str, images: Mapping[str, np.ndarray],
+                 step: int) -> None:
+  """Writes each image (`[height, width, channels]`, values in [0, 1]) as
+  an image summary in `log_dir` and as `log_dir/images/<name>-<step>.png`."""
+  if not images:
+    return
+  writer = tf.summary.create_file_writer(log_dir)
+  with writer.as_default(step=step):
+    for name, image in images.items():
+      tf.summary.image(name, image[None], step=step)
+  writer.close()
+  for name, image in images.items():
+    png = tf.io.encode_png(tf.cast(tf.round(tf.clip_by_value(
+        tf.convert_to_tensor(image, tf.float32), 0.0, 1.0) * 255), tf.uint8))
+    files.write_bytes(os.path.join(
+        log_dir, "images", f"{name.replace('/', '_')}-{step}.png"),
+                      png.numpy())
+
+
+def write_operative_config(directory: str,
+                           writer: Optional[Writer],
+                           step: int) -> str:
+  """Saves the gin parameters actually used, as a file and a text summary.
+
+  Returns:
+    The path of the written `operative_config.gin`.
+  """
+  config = gin.operative_config_str()
+  path = os.path.join(directory, OPERATIVE_CONFIG_FILE)
+  files.write_text(path, config)
+  if writer is not None:
+    with writer.as_default(step=step):
+      # Indented lines render as a code block in TensorBoard's markdown.
+      tf.summary.text("operative_config",
+                      "\n".join("    " + line for line in config.splitlines()))
+    writer.flush()
+  return path
