@@ -61,13 +61,14 @@ import orbit
 import tensorflow as tf
 import tf_keras
 
-from trainer import runtime as runtime_lib
 from trainer import state as state_lib
 from trainer.data import inputs as inputs_lib
+from trainer.distribute import strategy as strategy_lib
 from trainer.loop import controller as controller_lib
 from trainer.loop import reporter
 from trainer.loop import runners
 from trainer.model import optimization
+from trainer.model import precision
 from trainer.report import usage
 
 FLAGS = flags.FLAGS
@@ -179,7 +180,7 @@ def build_ours(strategy: tf.distribute.Strategy,
   with strategy.scope():
     model = task.build_model()
     global_step = orbit.utils.create_global_step()
-    optimizer = runtime_lib.wrap_optimizer(
+    optimizer = precision.wrap_optimizer(
         task.create_optimizer(optimization.Settings(
             optimization.OptimizerConfig(), optimization.ScheduleConfig(),
             train_steps)), runtime)
@@ -376,7 +377,7 @@ def main(argv):
   runtime = trainer.RuntimeConfig(
       distribution_strategy=FLAGS.strategy,
       num_cpu_devices=FLAGS.num_cpu_devices if mirrored else 0)
-  strategy = runtime_lib.create_strategy(runtime)
+  strategy = strategy_lib.create_strategy(runtime)
   features, labels = random_examples()
   print(f"strategy {FLAGS.strategy} ({type(strategy).__name__}, "
         f"{strategy.num_replicas_in_sync} replica(s)), global batch "

@@ -64,12 +64,14 @@ import tensorflow as tf
 
 from tasks import fake_data
 from trainer import cli
-from trainer import runtime as runtime_lib
 from trainer import state as state_lib
 from trainer.data import inputs as inputs_lib
 from trainer.distribute import cluster
+from trainer.distribute import strategy as strategy_lib
 from trainer.loop import runners
 from trainer.model import gradients
+from trainer.model import precision
+from trainer.model import seeds
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("fake_data", 0, "Write this many random training "
@@ -169,9 +171,9 @@ def data_service(num_workers: int) -> Iterator[str]:
 def report(task: trainer.Task, runtime: trainer.RuntimeConfig,
            config: trainer.TrainerConfig, dispatchers: List[str]) -> None:
   """Times the pipeline and every training; prints the table."""
-  strategy = runtime_lib.create_strategy(runtime)
-  runtime_lib.set_precision_policy(runtime)
-  runtime_lib.seed_everything(runtime)
+  strategy = strategy_lib.create_strategy(runtime)
+  precision.set_precision_policy(runtime)
+  seeds.seed_everything(runtime)
   worker = cluster.worker_info(strategy)
 
   def build_input(contender_runtime=runtime):

@@ -50,9 +50,9 @@ import tf_keras
 from trainer import actions
 from trainer import cli
 from trainer import errors
-from trainer import runtime as runtime_lib
 from trainer import state as state_lib
 from trainer.data import inputs as inputs_lib
+from trainer.distribute import strategy as strategy_lib
 from trainer.loop import runners
 from trainer.model import gradients
 from trainer.model import named
@@ -293,9 +293,9 @@ def check(task: task_lib.Task, runtime: trainer.RuntimeConfig,
                                     "trainer.global_batch_size")
   # The mirrored strategy first: it splits the CPU, which must happen before
   # anything else initialises TensorFlow's devices.
-  mirrored = runtime_lib.create_strategy(trainer.RuntimeConfig(
+  mirrored = strategy_lib.create_strategy(trainer.RuntimeConfig(
       distribution_strategy="mirrored", num_cpu_devices=num_replicas))
-  single = runtime_lib.create_strategy(
+  single = strategy_lib.create_strategy(
       trainer.RuntimeConfig(distribution_strategy="one_device"))
   print(f"check_task | {type(task).__name__}: {steps} steps of SGD (learning "
         f"rate {FLAGS.learning_rate:g}), global batch "

@@ -21,7 +21,6 @@ from tensorflow.python.framework import config as framework_config  # noqa
 import tf_keras  # noqa: E402
 
 from trainer.distribute import devices  # noqa: E402
-from trainer.distribute import placement  # noqa: E402
 
 NUM_CPU_DEVICES = 2
 # Epoch seconds after which no further test starts (`.ci/run` sets it for
@@ -32,15 +31,14 @@ devices.split_cpu(NUM_CPU_DEVICES, "tests/conftest.py NUM_CPU_DEVICES")
 
 @pytest.fixture(autouse=True)
 def clean_global_state():
-  """Clears gin bindings, the mixed-precision policy, op determinism
-  (which `runtime.deterministic` turns on for the process) and model
-  parallelism (`runtime.model_parallel_devices`) around each test."""
+  """Clears gin bindings, the mixed-precision policy and op determinism
+  (which `runtime.deterministic` turns on for the process) around each
+  test."""
   gin.clear_config(clear_constants=True)
   yield
   gin.clear_config(clear_constants=True)
   tf_keras.mixed_precision.set_global_policy("float32")
   framework_config.disable_op_determinism()
-  placement.configure(0)
 
 
 @pytest.fixture(autouse=True)

@@ -17,6 +17,7 @@ import helpers
 import trainer
 from tasks import recommendation
 from trainer.distribute import parameter_server
+from trainer.distribute import strategy as strategy_lib
 
 TIMEOUT = 300
 TABLE = "model/layer_with_weights-0/embeddings/.ATTRIBUTES/VARIABLE_VALUE"
@@ -42,10 +43,10 @@ def test_partitioner_settings_are_checked_by_building_them(name, args,
   settings = dict(distribution_strategy="parameter_server",
                   variable_partitioner=name, variable_partitioner_args=args)
   if message is None:
-    trainer.RuntimeConfig(**settings)
+    strategy_lib.check(trainer.RuntimeConfig(**settings))
     return
   with pytest.raises(trainer.ConfigError) as raised:
-    trainer.RuntimeConfig(**settings)
+    strategy_lib.check(trainer.RuntimeConfig(**settings))
   assert str(raised.value).splitlines()[0] == message
 
 
@@ -54,12 +55,13 @@ def test_a_partitioner_needs_parameter_servers():
                      match=r"^`runtime.variable_partitioner` shards variables "
                      r"over parameter servers: it needs 'parameter_server', "
                      r"not 'mirrored'."):
-    trainer.RuntimeConfig(distribution_strategy="mirrored",
-                          variable_partitioner="min_size")
+    strategy_lib.check(trainer.RuntimeConfig(
+        distribution_strategy="mirrored", variable_partitioner="min_size"))
   with pytest.raises(trainer.ConfigError,
                      match=r"^`runtime.variable_partitioner_args` needs "
                      r"`runtime.variable_partitioner`."):
-    trainer.RuntimeConfig(variable_partitioner_args={"num_shards": 2})
+    strategy_lib.check(
+        trainer.RuntimeConfig(variable_partitioner_args={"num_shards": 2}))
 
 
 def test_the_recommendation_task_learns_on_one_device(tmp_path):

@@ -27,6 +27,9 @@ from trainer.data import service as data_service
 from trainer.distribute import cluster
 from trainer.distribute import parameter_server
 from trainer.distribute import placement
+from trainer.distribute import ps_errors
+from trainer.distribute import roles
+from trainer.distribute import strategy as strategy_lib
 from trainer.loop import continuous_eval
 from trainer.loop import controller as controller_lib
 from trainer.loop import evaluator as evaluator_lib
@@ -35,9 +38,12 @@ from trainer.loop import profiler
 from trainer.loop import reporter
 from trainer.loop import rollback
 from trainer.loop import runners
+from trainer.loop import scheduled_trainer
 from trainer.model import gradients
 from trainer.model import named
+from trainer.model import precision
 from trainer.model import scaling
+from trainer.model import seeds
 from trainer.model import task as task_lib
 from trainer.report import run_report
 from trainer.report import summaries
@@ -79,37 +85,40 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   if mode not in MODES:
     raise errors.ConfigError(
         f"`mode` ({mode!r}) must be one of: {', '.join(MODES)}.")
-  cluster.configure(runtime)
+  data_service.check(runtime)
+  membership = strategy_lib.set_up(runtime)
   if runtime.distribution_strategy == "parameter_server":
-    runtime, mode = parameter_server.role_runtime(runtime, mode, config)
+    runtime, mode = roles.role_runtime(runtime, mode, config.on_nonfinite,
+                                       membership)
     if runtime is None:
       return {}  # This process served as a worker or ps until stopped.
   elif (runtime.distribution_strategy == "multi_worker_mirrored" and
-        cluster.task_role()[0] == "evaluator"):
-    runtime, mode = cluster.evaluator_role(runtime, mode)
+        roles.task_role()[0] == "evaluator"):
+    runtime, mode = roles.evaluator_role(runtime, mode, membership)
   restore_dir = restore_dir or model_dir
   if mode == "eval" and tf.train.latest_checkpoint(restore_dir) is None:
     raise errors.ConfigError(
         f"no checkpoint to evaluate in `model_dir` ({restore_dir}).")
   # A parameter server lost between loops (a save, the metrics read) is
   # named as one lost in a loop is.
-  with (parameter_server.naming_lost_ps()
+  with (ps_errors.naming_lost_ps()
         if runtime.distribution_strategy == "parameter_server"
         else contextlib.nullcontext()):
     return _build_and_run(task, mode, model_dir, runtime, config,
-                          restore_dir, started)
+                          restore_dir, started, membership)
 
 
 def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
                    runtime: runtime_lib.RuntimeConfig, config: TrainerConfig,
-                   restore_dir: str, started: float) -> Dict[str, Any]:
+                   restore_dir: str, started: float,
+                   membership: cluster.Membership) -> Dict[str, Any]:
   """Builds the parts and the controller, then runs `mode`; see `run`.
 
   What building says (optimizers, placement, the restore) follows the
   header, which says what the build found.
   """
   with console.held() as release:
-    parts = _build(task, mode, runtime, config)
+    parts = _build(task, mode, runtime, config, membership)
     controller = None  # Built below, given the watcher.
 
     def progress() -> Optional[preemption.Progress]:
@@ -246,14 +255,14 @@ class _Parts:
 
 
 def _build(task: task_lib.Task, mode: str,
-           runtime: runtime_lib.RuntimeConfig,
-           config: TrainerConfig) -> _Parts:
+           runtime: runtime_lib.RuntimeConfig, config: TrainerConfig,
+           membership: cluster.Membership) -> _Parts:
   """Builds the strategy, inputs, training state and Orbit runners."""
   training = mode in ("train", "train_and_eval")
   evaluating = mode != "train"
-  strategy = runtime_lib.create_strategy(runtime)
-  runtime_lib.set_precision_policy(runtime)
-  runtime_lib.seed_everything(runtime)
+  strategy = strategy_lib.create_strategy(runtime, membership)
+  precision.set_precision_policy(runtime)
+  seeds.seed_everything(runtime)
   worker = cluster.worker_info(strategy)
   config, replica_factor = _rescale(config, strategy.num_replicas_in_sync)
   console.log(f"strategy {type(strategy).__name__} with "
@@ -264,7 +273,7 @@ def _build(task: task_lib.Task, mode: str,
   state = state_lib.build(
       task, strategy, (train_input or eval_input).dataset.element_spec,
       config, runtime, training=training, replica_factor=replica_factor)
-  _report_placement(state)
+  _report_placement(state, runtime)
   if (config.export.at_end or config.export.best or
       config.export.model is not None):  # A bound name is checked, used or not.
     named.check_choice("export.model", config.export.model, state.model)
@@ -291,12 +300,14 @@ def _build(task: task_lib.Task, mode: str,
   return parts
 
 
-def _report_placement(state: state_lib.TrainState) -> None:
+def _report_placement(state: state_lib.TrainState,
+                      runtime: runtime_lib.RuntimeConfig) -> None:
   """Says where the variables live, read back from them, when a model is
   split over devices or its variables over parameter servers."""
   lines = []
   for model in named.named(state.model).values():
-    if placement.active() or parameter_server.uses(state.strategy):
+    if (runtime.model_parallel_devices > 1 or
+        parameter_server.uses(state.strategy)):
       lines += placement.variables_by_device(model)
     if parameter_server.uses(state.strategy):
       lines += parameter_server.shard_lines(model.variables)
@@ -323,7 +334,7 @@ def _trainer(task: task_lib.Task, state: state_lib.TrainState,
              runtime: runtime_lib.RuntimeConfig) -> runners.TaskTrainer:
   """Builds the Orbit trainer: steps scheduled on a parameter-server
   cluster's workers, or run by the strategy here."""
-  trainer_class = (parameter_server.ScheduledTaskTrainer
+  trainer_class = (scheduled_trainer.ScheduledTaskTrainer
                    if parameter_server.uses(state.strategy)
                    else runners.TaskTrainer)
   return trainer_class(

@@ -1,29 +1,19 @@
 """Runtime settings: devices, distribution strategy and numeric precision.
 
-`RuntimeConfig` is bound in gin as `runtime.<name>`. `create_strategy` turns it
-into a `tf.distribute.Strategy` through Model Garden's
-`official.common.distribute_utils`, and `set_precision_policy` applies the
-tf_keras mixed-precision policy through `official.modeling.performance`.
+`RuntimeConfig` is bound in gin as `runtime.<name>` and checks its fields
+against each other on construction. What acts on it lives below the loop:
+the strategy in `trainer.distribute.strategy` (which also checks the
+cluster, SLURM and partitioner settings when the process is set up), the
+precision in `trainer.model.precision`, the seeds in `trainer.model.seeds`,
+the tf.data service in `trainer.data.service`.
 """
 
 import dataclasses
 from typing import Any, Dict, Optional, Union
 
 import gin
-import tensorflow as tf
-import tf_keras
-from official.common import distribute_utils
-from official.modeling import performance
-from official.utils.misc import keras_utils
 
 from trainer import checks
-from trainer import errors
-from trainer.data import service as data_service
-from trainer.distribute import cluster
-from trainer.distribute import devices
-from trainer.distribute import parameter_server
-from trainer.distribute import placement
-from trainer.distribute import slurm
 
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored",
               "parameter_server", "central_storage", "tpu")
@@ -38,7 +28,13 @@ ALL_REDUCE_ALGS = {
 @gin.configurable("runtime")
 @dataclasses.dataclass(frozen=True)
 class RuntimeConfig:
-  """Where and how training runs; every field is checked on construction.
+  """Where and how training runs.
+
+  Every field is checked on construction, except what needs the modules
+  that act on it, which is checked when the process is set up, before
+  anything is written: the worker hosts, port range and partitioner
+  (`trainer.distribute.strategy.check`) and the tf.data service
+  (`trainer.data.service.check`).
 
   Attributes:
     distribution_strategy: One of `STRATEGIES`. `default` is TensorFlow's
@@ -208,8 +204,7 @@ class RuntimeConfig:
         "`runtime.distribution_strategy='mirrored'` for several.")
 
   def _check_scale_out(self) -> None:
-    """Checks model parallelism, sharded variables and the data service
-    against the strategy."""
+    """Checks model parallelism against the strategy."""
     strategy = self.distribution_strategy
     checks.integer("runtime.model_parallel_devices",
                    self.model_parallel_devices, minimum=0)
@@ -230,9 +225,6 @@ class RuntimeConfig:
           not self.enable_xla,
           "`runtime.enable_xla` compiles the step for one device; it cannot "
           "be used with `runtime.model_parallel_devices`.")
-    parameter_server.check_partitioner(
-        strategy, self.variable_partitioner, self.variable_partitioner_args)
-    data_service.check(self)
 
   def _check_cluster(self) -> None:
     """Checks the multi-worker and TPU fields against the strategy."""
@@ -242,13 +234,6 @@ class RuntimeConfig:
           strategy == "multi_worker_mirrored",
           "`runtime.worker_hosts` needs `runtime.distribution_strategy="
           f"'multi_worker_mirrored'`, not '{strategy}'.")
-      hosts = cluster.parse_worker_hosts(self.worker_hosts)
-      # One host may leave the index unset (-1: the only worker).
-      unset_alone = len(hosts) == 1 and self.task_index == -1
-      checks.require(
-          0 <= self.task_index < len(hosts) or unset_alone,
-          f"`runtime.task_index` ({self.task_index}) must be in [0, "
-          f"{len(hosts)}) for {len(hosts)} `runtime.worker_hosts`.")
     else:
       checks.require(
           self.task_index == -1,
@@ -256,10 +241,6 @@ class RuntimeConfig:
           "`runtime.worker_hosts`.")
     if self.port_base is not None:
       checks.integer("runtime.port_base", self.port_base, minimum=1024)
-      checks.require(
-          self.port_base + 64 <= slurm.MAX_PORT,
-          f"`runtime.port_base` ({self.port_base}) leaves no room for a "
-          f"node's tasks below port {slurm.MAX_PORT}.")
     checks.integer("runtime.num_ps", self.num_ps, minimum=0)
     if self.cluster_wait_timeout is not None:
       checks.positive("runtime.cluster_wait_timeout",
@@ -306,103 +287,3 @@ class RuntimeConfig:
         f"({self.dataset_batch_parallel_calls}) must be -1 (AUTOTUNE), 0 "
         "(in the prefetch thread) or a positive number.")
 
-
-def configure_devices(config: RuntimeConfig) -> None:
-  """Splits the host CPU into `config.num_cpu_devices` logical devices.
-
-  Must run before TensorFlow initialises its devices; afterwards it succeeds
-  only if the CPU is already split that way.
-
-  Raises:
-    errors.ConfigError: If devices were initialised with a different split.
-  """
-  if config.num_cpu_devices > 1:
-    devices.split_cpu(config.num_cpu_devices, "runtime.num_cpu_devices")
-
-
-def configure_threads(config: RuntimeConfig) -> None:
-  """Applies the GPU thread settings (environment variables TensorFlow reads
-  when it starts its GPUs) through Model Garden's `keras_utils`."""
-  if config.gpu_thread_mode is not None:
-    keras_utils.set_gpu_thread_mode_and_count(
-        config.gpu_thread_mode, config.dataset_num_private_threads,
-        config.num_gpus, config.per_gpu_thread_count)
-
-
-def create_strategy(config: RuntimeConfig) -> tf.distribute.Strategy:
-  """Builds the distribution strategy that `config` names.
-
-  Raises:
-    errors.ConfigError: For a bad cluster description, or a TPU that cannot
-      be reached.
-  """
-  cluster.configure(config)
-  cluster.restrict_gpus()
-  configure_threads(config)
-  configure_devices(config)
-  placement.configure(config.model_parallel_devices)
-  strategy = config.distribution_strategy
-  if strategy == "default":
-    return tf.distribute.get_strategy()
-  if strategy == "parameter_server":
-    return parameter_server.create_strategy(
-        config.variable_partitioner, config.variable_partitioner_args,
-        config.cluster_wait_timeout)
-  if strategy == "central_storage":
-    # `distribute_utils` has no central storage; variables on the CPU, compute
-    # on every GPU (or the CPU when there is none).
-    return tf.distribute.experimental.CentralStorageStrategy()
-  if strategy == "tpu":
-    try:
-      return distribute_utils.get_distribution_strategy(
-          distribution_strategy="tpu", tpu_address=config.tpu)
-    except (ValueError, tf.errors.OpError) as e:
-      # TensorFlow's first sentence says what is missing; the rest is noise.
-      message = (str(e).strip().splitlines() or [""])[0].split(". ")[0]
-      raise errors.ConfigError(
-          f"no TPU reachable at `runtime.tpu` ({config.tpu!r}): "
-          f"{message}") from e
-  if (config.distribution_strategy == "mirrored" and config.num_gpus == 0 and
-      config.num_cpu_devices > 1):
-    # `distribute_utils` only mirrors over GPUs; logical CPUs are our addition.
-    # Reducing on one device rather than with collectives: a second
-    # collective strategy in the same process (a notebook, a test session)
-    # reuses collective instance keys and fails with a shape mismatch.
-    return tf.distribute.MirroredStrategy(
-        devices=[f"/cpu:{i}" for i in range(config.num_cpu_devices)],
-        cross_device_ops=tf.distribute.ReductionToOneDevice("/cpu:0"))
-  return distribute_utils.get_distribution_strategy(
-      distribution_strategy=config.distribution_strategy,
-      num_gpus=config.num_gpus,
-      all_reduce_alg=config.all_reduce_alg,
-      num_packs=config.num_packs)
-
-
-def seed_everything(config: RuntimeConfig) -> None:
-  """Seeds Python, NumPy and TensorFlow from `config.seed` if it is set.
-
-  With `config.deterministic`, also makes TensorFlow's ops deterministic and
-  seeds with 0 when no seed is set.
-  """
-  seed = config.seed
-  if config.deterministic:
-    tf.config.experimental.enable_op_determinism()
-    seed = 0 if seed is None else seed
-  if seed is not None:
-    tf_keras.utils.set_random_seed(seed)
-
-
-def set_precision_policy(config: RuntimeConfig) -> None:
-  """Sets the global tf_keras mixed-precision policy from `config`."""
-  performance.set_mixed_precision_policy(
-      tf.dtypes.as_dtype(config.mixed_precision_dtype))
-
-
-def wrap_optimizer(optimizer: tf_keras.optimizers.Optimizer,
-                   config: RuntimeConfig) -> tf_keras.optimizers.Optimizer:
-  """Adds loss scaling to `optimizer` when training in float16."""
-  loss_scale = None if config.loss_scale == "dynamic" else config.loss_scale
-  return performance.configure_optimizer(
-      optimizer,
-      use_float16=config.mixed_precision_dtype == "float16",
-      loss_scale=loss_scale)

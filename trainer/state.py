@@ -19,11 +19,13 @@ from trainer import config as config_lib
 from trainer import console
 from trainer import errors
 from trainer import runtime as runtime_lib
+from trainer.distribute import placement
 from trainer.model import ema
 from trainer.model import gradients
 from trainer.model import named
 from trainer.model import optimization
 from trainer.model import optimizer_parts
+from trainer.model import precision
 from trainer.model import scaling
 from trainer.model import task as task_lib
 
@@ -85,11 +87,12 @@ def build(task: task_lib.Task, strategy: tf.distribute.Strategy,
     strategy: Where the variables live.
     element_spec: The input's batched `(features, labels)` spec.
     config: The loop settings (optimizer, EMA, rollback).
-    runtime: The precision.
+    runtime: The precision and the model's devices.
     training: Whether the state is trained (it needs an optimizer).
     replica_factor: The learning-rate factor of `trainer.batch_scaling`.
   """
-  with strategy.scope():
+  model_devices = placement.configure(runtime.model_parallel_devices)
+  with strategy.scope(), placement.building(model_devices):
     model = task.build_model()
     named.check_models(type(task).__name__, model)
     for name, each in named.named(model).items():
@@ -183,7 +186,7 @@ def build_optimizer(task: task_lib.Task, model: tf_keras.Model,
                                     config.train_steps),
         config, replica_factor)
   optimizer = ema.add(optimizer, model, config.ema)
-  return runtime_lib.wrap_optimizer(optimizer, runtime)
+  return precision.wrap_optimizer(optimizer, runtime)
 
 
 def _build_scaled(task: task_lib.Task, settings: optimization.Settings,
@@ -269,7 +272,7 @@ def _build_several(task: task_lib.Task, models: Dict[str, tf_keras.Model],
                  f"{_describe(optimizer)}")
     if config.ema.model == name:
       optimizer = ema.add(optimizer, model, config.ema)
-    optimizers[name] = runtime_lib.wrap_optimizer(optimizer, runtime)
+    optimizers[name] = precision.wrap_optimizer(optimizer, runtime)
     gradients.set_options(optimizers[name], _scoped_clipping(name, config))
   return optimizers
 

@@ -142,7 +142,7 @@ def test_digits_train_on_service_batches_and_survive_a_lost_worker(
 ])
 def test_settings_that_cannot_work_are_one_line(settings, message):
   with pytest.raises(trainer.ConfigError) as raised:
-    trainer.RuntimeConfig(**settings)
+    data_service.check(trainer.RuntimeConfig(**settings))
   assert str(raised.value).splitlines()[0] == message
 
 

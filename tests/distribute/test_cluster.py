@@ -13,18 +13,16 @@ import pytest
 from trainer import errors
 from trainer import runtime as runtime_lib
 from trainer.distribute import cluster
+from trainer.distribute import roles
 from trainer.distribute import slurm
+from trainer.distribute import strategy as strategy_lib
 
 MWMS = "multi_worker_mirrored"
 
 
 @pytest.fixture(autouse=True)
 def clean_cluster(monkeypatch):
-  """No TF_CONFIG or SLURM variables from outside; `configure` forgets
-  what an earlier test set."""
-  monkeypatch.setattr(cluster, "_configured", None)
-  monkeypatch.setattr(cluster, "_slurm_step", None)
-  monkeypatch.setattr(cluster, "_warned_one_process", False)
+  """No TF_CONFIG or SLURM variables from outside."""
   monkeypatch.delenv("TF_CONFIG", raising=False)
   for name in list(__import__("os").environ):
     if name.startswith("SLURM"):
@@ -51,16 +49,16 @@ def _tf_config():
 
 def test_a_slurm_step_becomes_the_cluster_of_every_task(monkeypatch, capsys):
   _srun_env(monkeypatch, proc_id=1, job="17")
-  cluster.configure(runtime_lib.RuntimeConfig(distribution_strategy=MWMS))
+  membership = cluster.configure(
+      runtime_lib.RuntimeConfig(distribution_strategy=MWMS))
   base = 15000 + 16 * 17
   assert _tf_config() == {
       "cluster": {"worker": [f"vm:{base}", f"vm:{base + 1}"]},
       "task": {"type": "worker", "index": 1}}
   assert capsys.readouterr().out == (
       "cluster | SLURM job 17 step 0: 2 workers on vm, this is worker 1\n")
-  # Once per process: a second call (create_strategy's) keeps it quietly.
-  cluster.configure(runtime_lib.RuntimeConfig(distribution_strategy=MWMS))
-  assert capsys.readouterr().out == ""
+  # What the rest of the process needs to know is in the answer.
+  assert membership.from_slurm and membership.slurm_step.job_id == "17"
 
 
 def test_several_nodes_get_one_address_per_task_and_a_port_base(monkeypatch):
@@ -81,10 +79,9 @@ def test_parameter_server_split_of_a_step(monkeypatch, capsys):
   for proc_id, task in [(0, ("chief", 0)), (1, ("ps", 0)),
                         (2, ("worker", 0)), (3, ("worker", 1)),
                         (4, ("evaluator", 0))]:
-    monkeypatch.setattr(cluster, "_configured", None)
     monkeypatch.delenv("TF_CONFIG", raising=False)
     _srun_env(monkeypatch, proc_id, num_tasks=5, tasks_per_node="5")
-    cluster.configure(runtime_lib.RuntimeConfig(
+    membership = cluster.configure(runtime_lib.RuntimeConfig(
         distribution_strategy="parameter_server", num_ps=1,
         evaluator_task=True, port_base=20000))
     config = _tf_config()
@@ -96,9 +93,9 @@ def test_parameter_server_split_of_a_step(monkeypatch, capsys):
       "cluster | SLURM job 17 step 0: 1 chief, 2 workers, 1 ps on vm, this "
       "is the evaluator (outside the cluster)")
   # Under srun every task has the same --mode: the evaluator evaluates.
-  runtime, mode = cluster.evaluator_role(
+  runtime, mode = roles.evaluator_role(
       runtime_lib.RuntimeConfig(distribution_strategy="parameter_server"),
-      "train")
+      "train", membership)
   assert (runtime.distribution_strategy, mode) == ("default",
                                                    "continuous_eval")
 
@@ -185,14 +182,16 @@ def test_single_process_strategies_form_no_cluster(monkeypatch, capsys):
   assert capsys.readouterr().out == ""
   # Under `srun -n2` each task would train alone: said once, at start.
   _srun_env(monkeypatch, proc_id=1)
-  cluster.configure(runtime_lib.RuntimeConfig(distribution_strategy="mirrored"))
+  config = runtime_lib.RuntimeConfig(distribution_strategy="mirrored")
+  membership = strategy_lib.set_up(config)
   assert capsys.readouterr().out == (
       "warning | SLURM job 17 step 0 runs this command in 2 tasks, and "
       "'mirrored' trains in one process: each task trains on its own. For "
       "one run over all of them use 'multi_worker_mirrored'; for one run "
       "here, srun -n1.\n")
-  cluster.configure(runtime_lib.RuntimeConfig(distribution_strategy="mirrored"))
-  assert capsys.readouterr().out == ""  # Once.
+  # Once: the strategy is built for the process as it was set up.
+  strategy_lib.create_strategy(config, membership)
+  assert capsys.readouterr().out == ""
 
 
 # TF_CONFIG as it is written by (verbatim shapes, our host names):
@@ -240,22 +239,23 @@ def test_tf_config_shapes_of_operators_and_services_are_read_as_they_are(
   config = dict(shape, task={"type": task[0], "index": task[1]})
   monkeypatch.setenv("TF_CONFIG", json.dumps(config))
   strategy = "parameter_server" if "ps" in shape["cluster"] else MWMS
-  cluster.configure(runtime_lib.RuntimeConfig(distribution_strategy=strategy))
+  membership = cluster.configure(
+      runtime_lib.RuntimeConfig(distribution_strategy=strategy))
   assert json.loads(__import__("os").environ["TF_CONFIG"]) == config
-  assert cluster.task_role() == role
+  assert roles.task_role() == role
   line = capsys.readouterr().out
   assert line.startswith("cluster | TF_CONFIG: ")
   if position is not None:
     info = cluster.worker_position(shape["cluster"], *task)
     assert (info.num_workers, info.worker_index, info.is_chief) == position
   if task[0] == "evaluator":
-    runtime, mode = cluster.evaluator_role(
+    runtime, mode = roles.evaluator_role(
         runtime_lib.RuntimeConfig(distribution_strategy=strategy),
-        "continuous_eval")
+        "continuous_eval", membership)
     assert (runtime.distribution_strategy, mode) == ("default",
                                                      "continuous_eval")
     with pytest.raises(errors.ConfigError, match="^the evaluator task runs"):
-      cluster.evaluator_role(runtime, "train")  # Not under srun.
+      roles.evaluator_role(runtime, "train", membership)  # Not under srun.
 
 
 @pytest.mark.parametrize("config, message", [

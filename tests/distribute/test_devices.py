@@ -7,6 +7,7 @@ from trainer import errors
 from trainer import runtime as runtime_lib
 from trainer.distribute import devices
 from trainer.distribute import placement
+from trainer.distribute import strategy as strategy_lib
 
 
 def test_the_split_tensorflow_already_has_is_accepted():
@@ -18,7 +19,7 @@ def test_the_split_tensorflow_already_has_is_accepted():
     (lambda: devices.split_cpu(3, "x.count", effect="split the CPU"),
      "`x.count` (3) cannot split the CPU: TensorFlow already initialised 2 "
      "CPU device(s). Set it before any TensorFlow op runs."),
-    (lambda: runtime_lib.configure_devices(
+    (lambda: strategy_lib.configure_devices(
         runtime_lib.RuntimeConfig(distribution_strategy="mirrored",
                                   num_cpu_devices=4)),
      "`runtime.num_cpu_devices` (4) cannot be applied: TensorFlow already "

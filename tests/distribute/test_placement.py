@@ -27,13 +27,17 @@ CPU1 = "/job:localhost/replica:0/task:0/device:CPU:1"
 
 
 def test_parts_are_spread_over_the_devices_in_order():
-  assert placement.configure(2) == ["/device:CPU:0", "/device:CPU:1"]
-  assert placement.devices(4) == ["/device:CPU:0", "/device:CPU:0",
-                                  "/device:CPU:1", "/device:CPU:1"]
-  assert placement.devices(3) == ["/device:CPU:0", "/device:CPU:0",
-                                  "/device:CPU:1"]
+  split = placement.configure(2)
+  assert split == ["/device:CPU:0", "/device:CPU:1"]
+  with placement.building(split):
+    assert placement.devices(4) == ["/device:CPU:0", "/device:CPU:0",
+                                    "/device:CPU:1", "/device:CPU:1"]
+    assert placement.devices(3) == ["/device:CPU:0", "/device:CPU:0",
+                                    "/device:CPU:1"]
+  assert placement.devices(2) == [None, None]  # The build is over.
   assert placement.configure(0) == []
-  assert placement.devices(2) == [None, None]
+  with placement.building(placement.configure(0)):
+    assert placement.devices(2) == [None, None]
   with pytest.raises(errors.ConfigError) as raised:
     line = inspect.currentframe().f_lineno + 1
     placement.devices(0)

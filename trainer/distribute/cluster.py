@@ -8,8 +8,10 @@ per process, from the first of: `runtime.worker_hosts` + `runtime.task_index`
 already set (by Kubernetes operators, cloud training services, or by hand);
 the SLURM step this process is a task of (`trainer.slurm`). Each is checked
 against the others where they meet, and one line says where the cluster came
-from. The module also tells each process its input shard and whether it is
-the chief (the one process that writes into `model_dir`).
+from. `configure` runs once, when the process is set up, and returns a
+`Membership` that is passed to what needs it (no module state). The module
+also tells each process its input shard and whether it is the chief (the one
+process that writes into `model_dir`), and waits for a cluster's tasks.
 """
 
 import dataclasses
@@ -17,16 +19,15 @@ import json
 import os
 import re
 import socket
-import sys
-import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import tensorflow as tf
 from official.common import distribute_utils
 
 from trainer import console
 from trainer import errors
+from trainer import runtime as runtime_lib
 from trainer.distribute import slurm
 
 # Strategies whose processes form a cluster.
@@ -47,6 +48,23 @@ class WorkerInfo:
   num_workers: int = 1
   worker_index: int = 0
   is_chief: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Membership:
+  """How this process joined its cluster: `configure`'s answer, made once
+  when the process is set up and passed to what needs it.
+
+  Attributes:
+    slurm_step: The SLURM step the cluster came from; None where it came
+      from `runtime.worker_hosts` or TF_CONFIG, or there is no cluster.
+  """
+  slurm_step: Optional[slurm.Step] = None
+
+  @property
+  def from_slurm(self) -> bool:
+    """Whether this process's cluster came from its SLURM step."""
+    return self.slurm_step is not None
 
 
 def parse_worker_hosts(worker_hosts: str) -> List[str]:
@@ -96,35 +114,32 @@ def read_tf_config() -> Optional[dict]:
   return config
 
 
-# The TF_CONFIG this process set, and the SLURM step it came from (if so):
-# `configure` runs once per process, and a second call keeps the first's.
-_configured: Optional[str] = None
-_slurm_step: Optional[slurm.Step] = None
-_warned_one_process = False
-
-
-def configure(runtime: "trainer.runtime.RuntimeConfig") -> None:
+def configure(runtime: runtime_lib.RuntimeConfig) -> Membership:
   """Sets TF_CONFIG for a multi-process strategy and says where the cluster
   came from: `runtime.worker_hosts`, TF_CONFIG as set, or the SLURM step.
+
+  Call it once per process, when it is set up: it writes TF_CONFIG and says
+  so (or warns that each SLURM task trains on its own).
+
+  Returns:
+    How this process joined the cluster.
 
   Raises:
     errors.ConfigError: For a malformed TF_CONFIG, sources that contradict
       each other (TF_CONFIG and `worker_hosts`; either and the SLURM step),
       a SLURM environment that cannot form the cluster, or a port in use.
   """
-  global _configured, _slurm_step
   strategy = runtime.distribution_strategy
   if strategy not in MULTI_PROCESS:
     _warn_one_process_per_task(strategy)
-    return
-  if _configured is not None and os.environ.get("TF_CONFIG") == _configured:
-    return
+    return Membership()
   existing = read_tf_config()
   if runtime.worker_hosts and existing is not None:
     raise errors.ConfigError(
         "Both TF_CONFIG and `runtime.worker_hosts` are set; use one.")
   step = slurm.read_step()
   several = step is not None and step.num_tasks > 1
+  membership = Membership()
   if runtime.worker_hosts:
     hosts = parse_worker_hosts(runtime.worker_hosts)
     if several:
@@ -139,7 +154,7 @@ def configure(runtime: "trainer.runtime.RuntimeConfig") -> None:
     origin = "TF_CONFIG"
   elif step is not None:
     _from_slurm(runtime, step)
-    _slurm_step = step
+    membership = Membership(slurm_step=step)
     origin = step.describe()
   else:
     tasks = slurm.batch_tasks()
@@ -148,22 +163,22 @@ def configure(runtime: "trainer.runtime.RuntimeConfig") -> None:
           f"'{strategy}' in the batch script of SLURM job {slurm.job_id()}, "
           f"which SLURM runs once for the {tasks} tasks it asked for: start "
           "the command with srun, which runs it in every task.")
-    return  # One process: a one-worker cluster, or the strategy's error.
-  _configured = os.environ.get("TF_CONFIG")
-  console.info(f"cluster | {origin}: {_describe(read_tf_config())}")
+    # One process: a one-worker cluster, or the strategy's error.
+    return membership
+  console.info(f"cluster | {origin}: "
+               f"{_describe(read_tf_config(), membership.slurm_step)}")
+  return membership
 
 
 def _warn_one_process_per_task(strategy: str) -> None:
   """Says that every task of a multi-task SLURM step trains on its own
   where `strategy` trains in one process (the second task's lease on
   `model_dir` then refuses it)."""
-  global _warned_one_process
   try:
     step = slurm.read_step()
   except errors.ConfigError:
     return  # Not this strategy's business.
-  if step is not None and step.num_tasks > 1 and not _warned_one_process:
-    _warned_one_process = True
+  if step is not None and step.num_tasks > 1:
     console.warning(
         f"{step.describe()} runs this command in {step.num_tasks} tasks, "
         f"and '{strategy}' trains in one process: each task trains on its "
@@ -171,7 +186,8 @@ def _warn_one_process_per_task(strategy: str) -> None:
         "for one run here, srun -n1.")
 
 
-def _from_slurm(runtime, step: slurm.Step) -> None:
+def _from_slurm(runtime: runtime_lib.RuntimeConfig, step: slurm.Step
+                ) -> None:
   """Writes TF_CONFIG for the SLURM step's tasks.
 
   Raises:
@@ -246,8 +262,9 @@ def _check_tf_config_against_step(config: dict, step: slurm.Step) -> None:
   _check_against_step("TF_CONFIG", members, index, step)
 
 
-def _describe(config: dict) -> str:
-  """E.g. `2 workers on vm, this is worker 1`."""
+def _describe(config: dict, step: Optional[slurm.Step]) -> str:
+  """E.g. `2 workers on vm, this is worker 1`; the hosts are the SLURM
+  `step`'s node list where the cluster came from it."""
   spec, task = config["cluster"], config.get("task", {})
   def plural(name: str) -> str:
     return name + ("s" if name != "ps" and len(spec[name]) > 1 else "")
@@ -256,7 +273,7 @@ def _describe(config: dict) -> str:
                      for name in ("chief", "worker", "ps") if spec.get(name))
   hosts = sorted({address.rsplit(":", 1)[0]
                   for members in spec.values() for address in members})
-  where = (_slurm_step.nodelist if _slurm_step is not None
+  where = (step.nodelist if step is not None
            else ", ".join(hosts[:3]) + (", ..." if len(hosts) > 3 else ""))
   if task.get("type") == "evaluator":
     this = "this is the evaluator (outside the cluster)"
@@ -265,12 +282,7 @@ def _describe(config: dict) -> str:
   return f"{counts} on {where}, {this}"
 
 
-def from_slurm() -> bool:
-  """Whether this process's cluster came from its SLURM step."""
-  return _slurm_step is not None
-
-
-def restrict_gpus() -> Optional[List[int]]:
+def restrict_gpus(membership: Membership) -> Optional[List[int]]:
   """Makes this process use its share of its node's GPUs, where the
   cluster came from a SLURM step whose tasks share them; returns the GPUs
   kept (None: all, or none to share). Call before TensorFlow initialises
@@ -279,14 +291,15 @@ def restrict_gpus() -> Optional[List[int]]:
   Raises:
     errors.ConfigError: See `slurm.gpus_for_task`.
   """
-  if _slurm_step is None:
+  step = membership.slurm_step
+  if step is None:
     return None
   gpus = tf.config.list_physical_devices("GPU")
-  share = slurm.gpus_for_task(len(gpus), _slurm_step)
+  share = slurm.gpus_for_task(len(gpus), step)
   if share is not None:
     tf.config.set_visible_devices([gpus[i] for i in share], "GPU")
-    console.info(f"cluster | {_slurm_step.node} local task "
-                 f"{_slurm_step.local_id} uses GPU(s) "
+    console.info(f"cluster | {step.node} local task {step.local_id} uses "
+                 "GPU(s) "
                  f"{', '.join(map(str, share))}")
   return share
 
@@ -311,33 +324,6 @@ def worker_position(spec: Dict[str, List[str]], task_type: Optional[str],
   index = 0 if task_type == "chief" else task_id + len(chiefs)
   return WorkerInfo(num_workers=len(chiefs) + len(workers),
                     worker_index=index, is_chief=index == 0)
-
-
-def evaluator_role(runtime: "trainer.runtime.RuntimeConfig", mode: str
-                   ) -> Tuple["trainer.runtime.RuntimeConfig", str]:
-  """The runtime and mode of a cluster's sidecar evaluator task: it
-  evaluates the chief's checkpoints on its own, with no strategy. Under
-  `srun` every task shares one `--mode`: the SLURM step's evaluator task
-  evaluates continuously where the others train.
-
-  Raises:
-    errors.ConfigError: If `mode` does not evaluate.
-  """
-  if from_slurm() and mode == "train":
-    mode = "continuous_eval"
-  if mode not in ("eval", "continuous_eval"):
-    raise errors.ConfigError(
-        "the evaluator task runs --mode=continuous_eval (or eval).")
-  return dataclasses.replace(runtime, distribution_strategy="default",
-                             num_ps=0, evaluator_task=False), mode
-
-
-def task_role() -> Tuple[Optional[str], int]:
-  """Returns this process's `(task type, index)` in TF_CONFIG, or (None, 0)."""
-  config = read_tf_config()
-  if config is None or "task" not in config:
-    return None, 0
-  return config["task"]["type"], config["task"]["index"]
 
 
 def num_tasks(task_type: str,
@@ -424,52 +410,3 @@ def wait_for_tasks(tasks: Dict[str, str], timeout: Optional[float],
       reported = True
       report_at = clock() + REPORT_SECONDS
     sleep(PROBE_SECONDS)
-
-
-def serve_forever(task_type: str, task_index: int) -> None:
-  """Runs this process's `tf.distribute.Server` (a ps or worker) until killed.
-
-  A parameter-server cluster's workers and parameter servers only serve: the
-  chief schedules the steps on them. Their launcher stops them when the
-  chief is done.
-  """
-  resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-  spec = resolver.cluster_spec()
-  num_workers = num_tasks("worker", spec)
-  config = tf.compat.v1.ConfigProto()
-  # Measured here: inter-op threads equal to the core count deadlocked
-  # `coordinator.join()`; one per worker plus one does not.
-  config.inter_op_parallelism_threads = max(os.cpu_count() or 1,
-                                            num_workers + 1)
-  server = tf.distribute.Server(spec, job_name=task_type,
-                                task_index=task_index,
-                                protocol=resolver.rpc_layer or "grpc",
-                                config=config, start=True)
-  address = spec.task_address(task_type, task_index)
-  console.info(f"server | {task_type} {task_index} serving at {address}")
-  if from_slurm():
-    # A SLURM step ends when all its tasks have; nobody else stops these.
-    threading.Thread(target=_stop_after_chief, name="chief-watch",
-                     args=(spec.task_address("chief", 0),
-                           f"{task_type} {task_index}"),
-                     daemon=True).start()
-  server.join()
-
-
-def _stop_after_chief(chief: str, name: str, interval: float = 2.0,
-                      misses: int = 3) -> None:
-  """Ends this server's process once the chief, having come up, stops
-  answering at `chief` `misses` times in a row."""
-  host, port = chief.rsplit(":", 1)
-  seen, missed = False, 0
-  while True:
-    try:
-      socket.create_connection((host, int(port)), timeout=interval).close()
-      seen, missed = True, 0
-    except OSError:
-      missed += seen
-    if missed >= misses:
-      console.info(f"server | the chief at {chief} is gone: {name} stops")
-      sys.stdout.flush()
-      os._exit(0)  # pylint: disable=protected-access
-    time.sleep(interval)

@@ -9,8 +9,10 @@ when the host has them, else the host CPU split into N logical devices
 
 A Task places its parts with `devices(num_parts)` in `build_model` (or
 builds a `StagedModel`), and the same code runs whole on one device when
-model parallelism is off. The default train step computes the backward pass
-of each part on that part's device (`gradients`).
+model parallelism is off. The framework builds the model inside
+`building(configure(N))`, which is what `devices` reads. The default train
+step computes the backward pass of each part on that part's device
+(`gradients`).
 
 What TensorFlow does not offer, and this module does not pretend to:
 pipelining (micro-batches flowing through the parts so that every device
@@ -19,7 +21,9 @@ splitting of a layer or a graph over devices (TPUStrategy's
 `experimental_split_to_logical_devices` is TPU-only).
 """
 
-from typing import List, Optional, Sequence
+import contextlib
+import contextvars
+from typing import Iterator, List, Optional, Sequence
 
 import tensorflow as tf
 import tf_keras
@@ -29,15 +33,22 @@ from trainer import graph_code
 from trainer import user_errors
 from trainer.distribute import devices as devices_lib
 
-# The devices parts are placed on; empty when model parallelism is off.
-_devices: List[str] = []
+# The devices of the model being built (`building`); empty outside, and
+# when model parallelism is off. A scope the framework sets around
+# `build_model`, rather than an argument: a Task's `build_model()` and a
+# `StagedModel` keep their signatures, so one model definition runs split or
+# whole, and nothing outlives the build (a next run, a next test, starts
+# unsplit). A context variable keeps each thread's build its own.
+_building: contextvars.ContextVar = contextvars.ContextVar(
+    "model_parallel_devices", default=())
 
 
 def configure(num_devices: int) -> List[str]:
   """Picks the devices for `num_devices`-way model parallelism.
 
   Must run before TensorFlow initialises its devices when the CPU is to be
-  split. 0 or 1 turns model parallelism off.
+  split; afterwards it returns the same devices for the same count. 0 or 1
+  turns model parallelism off.
 
   Returns:
     The device names, e.g. `["/device:GPU:0", "/device:GPU:1"]`.
@@ -46,8 +57,6 @@ def configure(num_devices: int) -> List[str]:
     errors.ConfigError: If the host has GPUs, but fewer than `num_devices`,
       or TensorFlow already split the CPU otherwise.
   """
-  global _devices
-  _devices = []
   if num_devices <= 1:
     return []
   gpus = tf.config.list_physical_devices("GPU")
@@ -56,18 +65,22 @@ def configure(num_devices: int) -> List[str]:
       raise errors.ConfigError(
           f"`runtime.model_parallel_devices` ({num_devices}) needs as many "
           f"GPUs; this host has {len(gpus)}.")
-    _devices = [f"/device:GPU:{i}" for i in range(num_devices)]
-    return list(_devices)
+    return [f"/device:GPU:{i}" for i in range(num_devices)]
   devices_lib.split_cpu(num_devices, "runtime.model_parallel_devices",
                         effect="split the CPU")
-  _devices = [f"/device:CPU:{i}" for i in range(num_devices)]
-  return list(_devices)
+  return [f"/device:CPU:{i}" for i in range(num_devices)]
 
 
-@graph_code.written_for_graphs
-def active() -> bool:
-  """Whether model parallelism is on (parts may sit on several devices)."""
-  return len(_devices) > 1
+@contextlib.contextmanager
+def building(model_devices: Sequence[str]) -> Iterator[None]:
+  """Makes `devices` (and `StagedModel`) place parts on `model_devices`
+  (`configure`'s) while the model is built; fewer than 2 leaves placement
+  to TensorFlow."""
+  token = _building.set(tuple(model_devices))
+  try:
+    yield
+  finally:
+    _building.reset(token)
 
 
 def devices(num_parts: int) -> List[Optional[str]]:
@@ -85,9 +98,10 @@ def devices(num_parts: int) -> List[Optional[str]]:
   if num_parts < 1:
     raise errors.ConfigError(user_errors.at_caller(
         f"`num_parts` ({num_parts}) must be positive."))
-  if not active():
+  model_devices = _building.get()
+  if len(model_devices) < 2:
     return [None] * num_parts
-  return [_devices[part * len(_devices) // num_parts]
+  return [model_devices[part * len(model_devices) // num_parts]
           for part in range(num_parts)]
 
 
@@ -95,7 +109,7 @@ def devices(num_parts: int) -> List[Optional[str]]:
 def gradients(tape: tf.GradientTape, loss: tf.Tensor,
               variables: Sequence[tf.Variable]) -> List[Optional[tf.Tensor]]:
   """Returns the gradients of `loss`; each on its forward op's device when
-  model parallelism is on.
+  the variables sit on several devices of this process.
 
   `GradientTape.gradient` creates every gradient op on the device of its
   caller, so the backward pass of a part on device 1 would run on device 0
@@ -104,10 +118,27 @@ def gradients(tape: tf.GradientTape, loss: tf.Tensor,
   instead (measured: the backward MatMuls of each part on its own device).
   Eagerly (`runtime.run_eagerly`) there is no graph to do that in: the tape
   decides.
+
+  The variables say where the parts live: the step is traced after the
+  build (and its `building` scope) ended, and so needs no setting of its
+  own. A parameter server's or another worker's variables do not count:
+  their updates are the strategy's business.
   """
-  if active() and not tf.executing_eagerly():
+  if len(local_devices(variables)) > 1 and not tf.executing_eagerly():
     return tf.gradients(loss, list(variables))
   return tape.gradient(loss, variables)
+
+
+@graph_code.written_for_graphs
+def local_devices(variables: Sequence[tf.Variable]) -> List[str]:
+  """Returns the devices of this process that `variables` sit on, sorted."""
+  found = set()
+  for variable in variables:
+    device = getattr(variable, "device", None)
+    if device and tf.DeviceSpec.from_string(device).job in (None,
+                                                            "localhost"):
+      found.add(short_device(device))
+  return sorted(found)
 
 
 def variables_by_device(model: tf_keras.Model) -> List[str]:
