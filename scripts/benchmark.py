@@ -6,10 +6,10 @@ data set (4,096 random in-memory examples, repeated, global batch 256,
 prefetched) and one strategy object, it times four contenders:
 
   ours   `trainer.loop.controller.Controller` driving `trainer.loop.runners.TaskTrainer`
-         built from a `trainer.Task`, as `trainer.experiment.run` builds them,
-         with train summaries written to a temporary directory every
-         `SUMMARY_INTERVAL` (100) steps at both `steps_per_loop` values, and
-         its progress line printed every loop; no checkpoints.
+         built from a `trainer.Task` by `trainer.build`, as `train.py`
+         builds them, with train summaries written to a temporary directory
+         every `SUMMARY_INTERVAL` (100) steps at both `steps_per_loop`
+         values, and its progress line printed every loop; no checkpoints.
   bare   a `tf.function` with `for _ in tf.range(n)` around `strategy.run`
          over an `experimental_distribute_dataset` iterator, as in
          TensorFlow's custom-training-loop tutorial, called with
@@ -61,14 +61,7 @@ import orbit
 import tensorflow as tf
 import tf_keras
 
-from trainer import state as state_lib
-from trainer.data import inputs as inputs_lib
-from trainer.distribute import strategy as strategy_lib
-from trainer.loop import controller as controller_lib
-from trainer.loop import reporter
-from trainer.loop import runners
-from trainer.model import optimization
-from trainer.model import precision
+from trainer import build
 from trainer.report import usage
 
 FLAGS = flags.FLAGS
@@ -170,32 +163,16 @@ def make_replica_step(model: tf_keras.Model,
   return replica_step
 
 
-def build_ours(strategy: tf.distribute.Strategy,
-               runtime: trainer.RuntimeConfig, task: RandomMlpTask,
+def build_ours(setup: build.Process, task: RandomMlpTask,
                steps_per_loop: int, train_steps: int, summary_dir: str) -> Run:
-  """Returns a run function over our Controller and TaskTrainer."""
-  train_input = inputs_lib.DistributedInput(
-      strategy, lambda ctx: task.build_inputs(True, ctx), GLOBAL_BATCH_SIZE,
-      training=True)
-  with strategy.scope():
-    model = task.build_model()
-    global_step = orbit.utils.create_global_step()
-    optimizer = precision.wrap_optimizer(
-        task.create_optimizer(optimization.Settings(
-            optimization.OptimizerConfig(), optimization.ScheduleConfig(),
-            train_steps)), runtime)
-  task_trainer = runners.TaskTrainer(task, model, optimizer, strategy,
-                                     train_input, global_step)
-  controller = controller_lib.Controller(
-      global_step=global_step,
-      trainer=task_trainer,
-      strategy=strategy,
-      steps_per_loop=steps_per_loop,
-      hooks=[reporter.TrainReporter(
-          tf.summary.create_file_writer(summary_dir),
-          train_steps=train_steps, global_batch_size=GLOBAL_BATCH_SIZE,
-          summary_interval=SUMMARY_INTERVAL,
-          scalars_fn=lambda: state_lib.loss_scale_scalars(optimizer))])
+  """Returns a run function over our Controller and TaskTrainer, built by
+  `trainer.build` as `train.py` builds them, without checkpoints."""
+  config = trainer.TrainerConfig(
+      train_steps=train_steps, steps_per_loop=steps_per_loop,
+      summary_interval=SUMMARY_INTERVAL, global_batch_size=GLOBAL_BATCH_SIZE)
+  parts = build.parts(task, "train", setup, config)
+  controller = build.controller(parts, summary_dir, saves=False)
+  optimizer = parts.state.optimizer
 
   def run(num_steps: int) -> int:
     controller.train(controller.step + num_steps)
@@ -307,8 +284,7 @@ def steps_per_second(run: Run, num_steps: int, expected_total: int,
   return num_steps / elapsed
 
 
-def benchmark(strategy: tf.distribute.Strategy,
-              runtime: trainer.RuntimeConfig, features: np.ndarray,
+def benchmark(setup: build.Process, features: np.ndarray,
               labels: np.ndarray, steps_per_loop: int, num_steps: int,
               rounds: int, summary_dir: str) -> Dict[str, List[float]]:
   """Warms up the contenders, then times them in turns.
@@ -319,8 +295,9 @@ def benchmark(strategy: tf.distribute.Strategy,
   warmup_steps = max(2 * steps_per_loop, SUMMARY_INTERVAL)
   train_steps = warmup_steps + rounds * num_steps
   dataset = batched_dataset(features, labels)
+  strategy = setup.strategy
   runs = {
-      "ours": build_ours(strategy, runtime, RandomMlpTask(features, labels),
+      "ours": build_ours(setup, RandomMlpTask(features, labels),
                          steps_per_loop, train_steps, summary_dir),
       "bare": build_bare(strategy, dataset, steps_per_loop),
       "orbit": build_orbit(strategy, dataset, steps_per_loop),
@@ -377,7 +354,8 @@ def main(argv):
   runtime = trainer.RuntimeConfig(
       distribution_strategy=FLAGS.strategy,
       num_cpu_devices=FLAGS.num_cpu_devices if mirrored else 0)
-  strategy = strategy_lib.create_strategy(runtime)
+  setup = build.process(runtime)
+  strategy = setup.strategy
   features, labels = random_examples()
   print(f"strategy {FLAGS.strategy} ({type(strategy).__name__}, "
         f"{strategy.num_replicas_in_sync} replica(s)), global batch "
@@ -387,7 +365,7 @@ def main(argv):
     for steps_per_loop in STEPS_PER_LOOP:
       num_steps = FLAGS.steps or DEFAULT_STEPS[steps_per_loop]
       results = benchmark(
-          strategy, runtime, features, labels, steps_per_loop, num_steps,
+          setup, features, labels, steps_per_loop, num_steps,
           FLAGS.rounds, os.path.join(summary_root, f"spl{steps_per_loop}"))
       key = f"steps_per_loop_{steps_per_loop}"
       figures[key], figures["vs_bare"][key] = report(

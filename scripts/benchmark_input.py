@@ -59,19 +59,13 @@ sys.path.insert(0, REPO_ROOT)
 import trainer  # noqa: E402  Selects Keras 2 before TensorFlow loads.
 from absl import flags
 from absl import logging
-import orbit
 import tensorflow as tf
 
 from tasks import fake_data
+from trainer import build
 from trainer import cli
-from trainer import state as state_lib
 from trainer.data import inputs as inputs_lib
-from trainer.distribute import cluster
-from trainer.distribute import strategy as strategy_lib
 from trainer.loop import runners
-from trainer.model import gradients
-from trainer.model import precision
-from trainer.model import seeds
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("fake_data", 0, "Write this many random training "
@@ -171,14 +165,12 @@ def data_service(num_workers: int) -> Iterator[str]:
 def report(task: trainer.Task, runtime: trainer.RuntimeConfig,
            config: trainer.TrainerConfig, dispatchers: List[str]) -> None:
   """Times the pipeline and every training; prints the table."""
-  strategy = strategy_lib.create_strategy(runtime)
-  precision.set_precision_policy(runtime)
-  seeds.seed_everything(runtime)
-  worker = cluster.worker_info(strategy)
+  setup = build.process(runtime)
+  strategy = setup.strategy
 
   def build_input(contender_runtime=runtime):
     return inputs_lib.for_task(task, True, strategy, config,
-                               contender_runtime, worker)
+                               contender_runtime, setup.worker)
 
   inputs = {"real": build_input()}
   batch = config.global_batch_size
@@ -189,17 +181,12 @@ def report(task: trainer.Task, runtime: trainer.RuntimeConfig,
   for workers, address in enumerate(dispatchers, start=1):
     inputs[_service_name(workers)] = build_input(
         dataclasses.replace(runtime, data_service=address))
-  with strategy.scope():
-    model = task.build_model()
-    state_lib.ensure_built(model, inputs["real"].dataset.element_spec)
-    global_step = orbit.utils.create_global_step()
-    optimizer = state_lib.build_optimizer(task, model, config, runtime, 1.0)
-  trainers = {
-      name: runners.TaskTrainer(
-          task, model, optimizer, strategy, contender_input, global_step,
-          enable_xla=runtime.enable_xla,
-          step_options=gradients.StepOptions.from_config(config))
-      for name, contender_input in inputs.items()}
+  # One state for every contender: they train the same model in turns.
+  state = build.state(task, setup, inputs["real"].dataset.element_spec,
+                      config, training=True)
+  trainers = {name: build.trainer(task, state, contender_input, config,
+                                  runtime)
+              for name, contender_input in inputs.items()}
   results = time_rounds(trainers)
   print(f"{type(task).__name__}: global batch {batch}, "
         f"{strategy.num_replicas_in_sync} replica(s), "

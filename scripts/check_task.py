@@ -43,18 +43,16 @@ import trainer  # noqa: E402  Selects Keras 2 before TensorFlow loads.
 from absl import flags
 from absl import logging
 import numpy as np
-import orbit
 import tensorflow as tf
 import tf_keras
 
 from trainer import actions
+from trainer import build
 from trainer import cli
 from trainer import errors
 from trainer import state as state_lib
 from trainer.data import inputs as inputs_lib
-from trainer.distribute import strategy as strategy_lib
 from trainer.loop import runners
-from trainer.model import gradients
 from trainer.model import named
 from trainer.model import task as task_lib
 
@@ -85,10 +83,14 @@ AVERAGING_CAUSE = ("the train_step averages the loss over the per-replica "
 class Run:
   """One training run of the check, built as `train.py` builds one."""
   train_input: inputs_lib.DistributedInput
-  model: tf_keras.Model
-  optimizer: tf_keras.optimizers.Optimizer
+  state: state_lib.TrainState
   trainer: runners.TaskTrainer
   first_batch: Any
+
+  @property
+  def model(self):
+    """The model, or the models by name."""
+    return self.state.model
 
   def train(self, num_steps: int) -> List[float]:
     """Trains `num_steps` steps one at a time; returns each step's loss.
@@ -110,47 +112,39 @@ class Run:
 
   def checkpoint(self, with_input: bool) -> tf.train.Checkpoint:
     """What `train.py` checkpoints, the input position if `with_input`."""
-    items = {"model": self.model, "optimizer": self.optimizer,
-             "global_step": self.trainer.global_step,
-             "discarded_batches": self.trainer.discarded_batches}
-    if with_input:
-      items["train_iterator"] = self.trainer.train_iterator
-    return tf.train.Checkpoint(**items)
+    return tf.train.Checkpoint(**build.checkpoint_items(
+        self.state, self.trainer, with_input=with_input))
 
 
-def build_run(task: task_lib.Task, strategy: tf.distribute.Strategy,
+def build_run(task: task_lib.Task, setup: build.Process,
               config: trainer.TrainerConfig,
               runtime: trainer.RuntimeConfig,
               weights: Optional[List[np.ndarray]] = None) -> Run:
-  """Builds the input, model, SGD optimizer and trainer of one run.
+  """Builds the input, model, SGD optimizer and trainer of one run in the
+  strategy of `setup`, with the input settings of `runtime`.
 
   Every run seeds the same way before the same calls, so tasks that shuffle
   without a seed of their own still read the same batches in every run.
   """
   tf_keras.utils.set_random_seed(FLAGS.seed)
-  train_input = inputs_lib.for_task(task, True, strategy, config, runtime)
+  train_input = inputs_lib.for_task(task, True, setup.strategy, config,
+                                    runtime)
   # A new dataset: a second iterator over `train_input.dataset` would
   # reshuffle the trainer's (`shuffle(reshuffle_each_iteration=True)`).
   first_batch = next(iter(train_input.build()))
-  with strategy.scope():
-    model = task.build_model()
-    named.check_models(type(task).__name__, model)
-    for name, each in named.named(model).items():
-      state_lib.ensure_built(each, train_input.dataset.element_spec, name)
-    global_step = orbit.utils.create_global_step()
-    if named.several(model):  # One SGD per trained model, by name.
-      optimizer = {name: tf_keras.optimizers.SGD(FLAGS.learning_rate)
-                   for name in named.trainable(model)}
-    else:
-      optimizer = tf_keras.optimizers.SGD(FLAGS.learning_rate)
+  state = build.state(  # One SGD per trained model.
+      task, setup, train_input.dataset.element_spec, config, training=True,
+      optimizer_fn=lambda: tf_keras.optimizers.SGD(FLAGS.learning_rate))
   if weights is None:
-    task.initialize(model, config.warm_start)
+    task.initialize(state.model, config.warm_start)
   else:
-    set_weights(model, weights)
-  task_trainer = runners.TaskTrainer(
-      task, model, optimizer, strategy, train_input, global_step,
-      step_options=gradients.StepOptions.from_config(config))
-  return Run(train_input, model, optimizer, task_trainer, first_batch)
+    set_weights(state.model, weights)
+  # The replicas check names a loss averaged per replica itself, with its
+  # figures, rather than stopping at the first step as a run does.
+  task_trainer = build.trainer(
+      task, state, train_input,
+      dataclasses.replace(config, check_loss_scaling=False), setup.runtime)
+  return Run(train_input, state, task_trainer, first_batch)
 
 
 def get_weights(model) -> List[np.ndarray]:
@@ -293,16 +287,16 @@ def check(task: task_lib.Task, runtime: trainer.RuntimeConfig,
                                     "trainer.global_batch_size")
   # The mirrored strategy first: it splits the CPU, which must happen before
   # anything else initialises TensorFlow's devices.
-  mirrored = strategy_lib.create_strategy(trainer.RuntimeConfig(
+  mirrored = build.process(trainer.RuntimeConfig(
       distribution_strategy="mirrored", num_cpu_devices=num_replicas))
-  single = strategy_lib.create_strategy(
+  single = build.process(
       trainer.RuntimeConfig(distribution_strategy="one_device"))
   print(f"check_task | {type(task).__name__}: {steps} steps of SGD (learning "
         f"rate {FLAGS.learning_rate:g}), global batch "
         f"{config.global_batch_size}, 1 device vs {num_replicas} replicas",
         flush=True)
   try:
-    check_hooks(task, single, config, runtime)
+    check_hooks(task, single.strategy, config, runtime)
   except HookFailed as e:
     report(False, e.hook, e.problem)
     report(None, "input, replicas, resume", f"fix {e.hook} first")

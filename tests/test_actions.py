@@ -11,6 +11,7 @@ import tensorflow as tf
 import trainer
 from trainer import actions
 from trainer import experiment
+from trainer.loop import continuous_eval
 from trainer.model import optimization
 from trainer.storage import exports
 
@@ -194,3 +195,31 @@ def test_training_stops_early_and_stays_stopped(tmp_path, capsys):
                  str(tmp_path), trainer.RuntimeConfig(seed=0), config)
   assert "train | stopping early at step 40" in capsys.readouterr().out
   assert helpers.checkpoint_step(str(tmp_path)) == 40
+
+
+def test_eval_images_writer_writes_the_last_evaluations_images(tmp_path):
+  images, step = {}, _Step(30)
+  writer = actions.EvalImagesWriter(str(tmp_path / "eval"), lambda: images,
+                                    step_fn=step)
+  writer({"loss": 1.0})  # No images: nothing written.
+  assert not (tmp_path / "eval").exists()
+  images["samples/digit"] = np.full((4, 3, 1), 0.5, np.float32)
+  writer({"loss": 1.0})
+  png = tmp_path / "eval" / "images" / "samples_digit-30.png"
+  decoded = tf.io.decode_png(png.read_bytes()).numpy()
+  assert decoded.shape == (4, 3, 1) and (decoded == 128).all()
+  assert helpers.read_tags(str(tmp_path / "eval")) == {"samples/digit"}
+
+
+def test_evaluated_step_recorder_keeps_every_step_across_restarts(tmp_path):
+  step = _Step(10)
+  actions.EvaluatedStepRecorder(str(tmp_path), step_fn=step)(
+      {"mae": np.float32(0.5)})
+  step.step = 20
+  # A restarted run's recorder adds to what the first one recorded.
+  actions.EvaluatedStepRecorder(str(tmp_path), step_fn=step)({"mae": 0.25})
+  assert continuous_eval.read_evaluated(str(tmp_path)) == {10, 20}
+  with open(tmp_path / continuous_eval.RECORD) as f:
+    assert json.load(f) == {"steps": [10, 20],
+                            "results": {"10": {"mae": 0.5},
+                                        "20": {"mae": 0.25}}}

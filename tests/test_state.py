@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 import trainer
 from trainer import errors
@@ -24,11 +25,24 @@ def _build(task, training=True, **settings):
 def test_build_makes_a_built_model_and_an_optimizer_when_training():
   state = _build(helpers.LinearRegression())
   assert state.model.built and state.step() == 0
-  assert sorted(state.checkpoint_items()) == ["global_step", "model",
-                                              "optimizer"]
+  assert state.optimizer is not None
   evaluated = _build(helpers.LinearRegression(), training=False)
   assert evaluated.optimizer is None
-  assert sorted(evaluated.checkpoint_items()) == ["global_step", "model"]
+
+
+def test_build_takes_a_tools_own_optimizer_in_place_of_the_tasks():
+  made = []
+
+  def sgd():
+    made.append(tf_keras.optimizers.SGD(0.5))
+    return made[-1]
+
+  state = state_lib.build(helpers.LinearRegression(learning_rate=0.1),
+                          tf.distribute.get_strategy(), _SPEC,
+                          trainer.TrainerConfig(), trainer.RuntimeConfig(),
+                          training=True, optimizer_fn=sgd)
+  assert made == [state.optimizer]
+  assert float(state.optimizer.learning_rate) == 0.5
 
 
 def test_fingerprint_follows_every_weight_and_finiteness_is_checked():

@@ -1,54 +1,39 @@
-"""Wires a Task, the runtime and the Orbit controller together for a mode.
+"""Runs a Task for a mode: the process's role, the contexts around the run,
+the header and the closing block.
 
-`run` builds, in order: the strategy, the inputs, the training state (model,
-optimizer, global step; `trainer.state`), the Orbit trainer and evaluator,
-the checkpoint manager, the controller's collaborators and the actions
-between loops, and the controller; then it runs the mode. Each feature lives
-in its own module; this one only connects them.
+`run` picks this process's role, has `trainer.build` make the parts (the
+strategy, the inputs, the training state, the Orbit trainer and evaluator)
+and the controller (the checkpoint manager, the hooks and the actions
+between loops), then runs the mode inside the contexts that surround the
+whole run: the write directory's lease, the signal watch, the tf.data
+service's stall watch. Each feature lives in its own module; this one only
+connects them.
 """
 
 import contextlib
-import dataclasses
 import os
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional
 
 import tensorflow as tf
 
 from trainer import actions
+from trainer import build
 from trainer import config as config_lib
 from trainer import console
 from trainer import errors
 from trainer import model_dir as model_dir_lib
 from trainer import runtime as runtime_lib
 from trainer import state as state_lib
-from trainer.data import inputs as inputs_lib
 from trainer.data import service as data_service
 from trainer.distribute import cluster
-from trainer.distribute import parameter_server
-from trainer.distribute import placement
 from trainer.distribute import ps_errors
 from trainer.distribute import roles
-from trainer.distribute import strategy as strategy_lib
 from trainer.loop import continuous_eval
 from trainer.loop import controller as controller_lib
-from trainer.loop import evaluator as evaluator_lib
 from trainer.loop import preemption
-from trainer.loop import profiler
-from trainer.loop import reporter
-from trainer.loop import rollback
-from trainer.loop import runners
-from trainer.loop import scheduled_trainer
-from trainer.model import gradients
-from trainer.model import named
-from trainer.model import precision
-from trainer.model import scaling
-from trainer.model import seeds
 from trainer.model import task as task_lib
 from trainer.report import run_report
-from trainer.report import summaries
-from trainer.storage import checkpoints
-from trainer.storage import exports
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval")
 TrainerConfig = config_lib.TrainerConfig
@@ -85,8 +70,7 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   if mode not in MODES:
     raise errors.ConfigError(
         f"`mode` ({mode!r}) must be one of: {', '.join(MODES)}.")
-  data_service.check(runtime)
-  membership = strategy_lib.set_up(runtime)
+  membership = build.set_up(runtime)
   if runtime.distribution_strategy == "parameter_server":
     runtime, mode = roles.role_runtime(runtime, mode, config.on_nonfinite,
                                        membership)
@@ -118,7 +102,8 @@ def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
   header, which says what the build found.
   """
   with console.held() as release:
-    parts = _build(task, mode, runtime, config, membership)
+    parts = build.parts(task, mode, build.process(runtime, membership),
+                        config)
     controller = None  # Built below, given the watcher.
 
     def progress() -> Optional[preemption.Progress]:
@@ -132,12 +117,9 @@ def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
     with (model_dir_lib.write_directory(model_dir, parts.worker, mode,
                                         parts.config) as write_dir,
           watcher or contextlib.nullcontext()):
-      early_stopping = None
-      if parts.config.early_stopping.metric is not None:
-        early_stopping = actions.EarlyStopping(
-            write_dir, parts.config.early_stopping, step_fn=parts.state.step)
-      controller = _controller(parts, write_dir, restore_dir, watcher,
-                               early_stopping)
+      early_stopping = build.early_stopping(parts, write_dir)
+      controller = build.controller(parts, write_dir, restore_dir=restore_dir,
+                                    watcher=watcher, stopper=early_stopping)
       release(run_report.header(
           task_name=type(task).__name__, mode=mode, model_dir=model_dir,
           strategy=parts.state.strategy, runtime=parts.runtime,
@@ -154,7 +136,7 @@ def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
                          early_stopping, started)
 
 
-def _stall_watch(parts: "_Parts", controller: controller_lib.Controller,
+def _stall_watch(parts: build.Parts, controller: controller_lib.Controller,
                  watcher: Optional[preemption.PreemptionWatcher]):
   """Returns the tf.data service's stall watch where training reads from
   it, else a context that does nothing.
@@ -193,7 +175,7 @@ def _stall_watch(parts: "_Parts", controller: controller_lib.Controller,
       on_signal=saving_first(signalled))
 
 
-def _resume_input(parts: "_Parts", step: int) -> None:
+def _resume_input(parts: build.Parts, step: int) -> None:
   """Puts the training input where a run resumed at `step` left it, where
   the iterator is not in the checkpoint."""
   if parts.resume_input_fn is not None:
@@ -207,242 +189,7 @@ def _resume_input(parts: "_Parts", step: int) -> None:
                  "its first batch (its position is not in the checkpoint)")
 
 
-@dataclasses.dataclass
-class _Parts:
-  """What `run` builds for a mode before the controller.
-
-  Attributes:
-    task: What is trained.
-    config: The loop settings, with batches rescaled for the replicas.
-    runtime: The runtime settings.
-    worker: This process's place among the workers.
-    training: Whether the mode trains.
-    evaluating: Whether the mode evaluates.
-    state: The model, optimizer and global step.
-    checkpoint: What checkpoints hold.
-    trainer: Orbit trainer, when training.
-    evaluator: Orbit evaluator, when evaluating.
-    resume_input_fn: Skips consumed input on resume where the iterator is
-      not in the checkpoint; None otherwise.
-    restarts_input: Whether a resumed run reads the training input from
-      its start.
-    features_spec: The eval input's features, for export signatures.
-  """
-  task: task_lib.Task
-  config: TrainerConfig
-  runtime: runtime_lib.RuntimeConfig
-  worker: cluster.WorkerInfo
-  training: bool
-  evaluating: bool
-  state: state_lib.TrainState
-  checkpoint: Optional[tf.train.Checkpoint] = None
-  trainer: Optional[runners.TaskTrainer] = None
-  evaluator: Optional[evaluator_lib.TaskEvaluator] = None
-  resume_input_fn: Optional[Callable[[int], int]] = None
-  restarts_input: bool = False
-  features_spec: Any = None
-
-  def export(self, directory: str) -> None:
-    """Writes a serving SavedModel (EMA weights, if any) to `directory`: of
-    the model, or of the one `export.model` names."""
-    model = self.state.model
-    if named.several(model):
-      model = model[self.config.export.model]
-    with self.state.averaged_weights():
-      exports.export(
-          model, self.task.export_signatures(model, self.features_spec),
-          directory)
-
-
-def _build(task: task_lib.Task, mode: str,
-           runtime: runtime_lib.RuntimeConfig, config: TrainerConfig,
-           membership: cluster.Membership) -> _Parts:
-  """Builds the strategy, inputs, training state and Orbit runners."""
-  training = mode in ("train", "train_and_eval")
-  evaluating = mode != "train"
-  strategy = strategy_lib.create_strategy(runtime, membership)
-  precision.set_precision_policy(runtime)
-  seeds.seed_everything(runtime)
-  worker = cluster.worker_info(strategy)
-  config, replica_factor = _rescale(config, strategy.num_replicas_in_sync)
-  console.log(f"strategy {type(strategy).__name__} with "
-              f"{strategy.num_replicas_in_sync} replica(s); worker "
-              f"{worker.worker_index} of {worker.num_workers}")
-  train_input, eval_input = inputs_lib.for_mode(
-      task, strategy, config, runtime, worker, training, evaluating)
-  state = state_lib.build(
-      task, strategy, (train_input or eval_input).dataset.element_spec,
-      config, runtime, training=training, replica_factor=replica_factor)
-  _report_placement(state, runtime)
-  if (config.export.at_end or config.export.best or
-      config.export.model is not None):  # A bound name is checked, used or not.
-    named.check_choice("export.model", config.export.model, state.model)
-  parts = _Parts(
-      task=task, config=config, runtime=runtime, worker=worker,
-      training=training, evaluating=evaluating, state=state,
-      features_spec=eval_input.dataset.element_spec[0] if eval_input else None)
-  items = state.checkpoint_items()
-  if training:
-    parts.trainer = _trainer(task, state, train_input, config, runtime)
-    items["discarded_batches"] = parts.trainer.discarded_batches
-    position = parts.trainer.input_resumption(config.input_position,
-                                              worker.num_workers)
-    if position == "checkpoint":
-      items[checkpoints.INPUT_POSITION] = parts.trainer.train_iterator
-    elif position == "skip":
-      parts.resume_input_fn = parts.trainer.skip_input
-    parts.restarts_input = position == "restart"
-  if evaluating:
-    parts.evaluator = evaluator_lib.TaskEvaluator(
-        task, state.model, strategy, eval_input, state.global_step,
-        run_eagerly=runtime.run_eagerly, weights=state.averaged_weights)
-  parts.checkpoint = tf.train.Checkpoint(**items)
-  return parts
-
-
-def _report_placement(state: state_lib.TrainState,
-                      runtime: runtime_lib.RuntimeConfig) -> None:
-  """Says where the variables live, read back from them, when a model is
-  split over devices or its variables over parameter servers."""
-  lines = []
-  for model in named.named(state.model).values():
-    if (runtime.model_parallel_devices > 1 or
-        parameter_server.uses(state.strategy)):
-      lines += placement.variables_by_device(model)
-    if parameter_server.uses(state.strategy):
-      lines += parameter_server.shard_lines(model.variables)
-  for line in lines:
-    console.info(f"placement | {line}")
-
-
-def _rescale(config: TrainerConfig,
-             num_replicas: int) -> Tuple[TrainerConfig, float]:
-  """Applies `trainer.batch_scaling`; returns the config and the learning
-  rate factor."""
-  config, replica_factor = scaling.rescale(config, num_replicas)
-  if config.batch_scaling is not None:
-    console.info(
-        f"scaling | {num_replicas} replica(s), reference "
-        f"{config.reference_replicas}: global batch "
-        f"{config.global_batch_size}, eval batch {config.eval_batch_size}, "
-        f"learning rate x{replica_factor:g}")
-  return config, replica_factor
-
-
-def _trainer(task: task_lib.Task, state: state_lib.TrainState,
-             train_input: inputs_lib.DistributedInput, config: TrainerConfig,
-             runtime: runtime_lib.RuntimeConfig) -> runners.TaskTrainer:
-  """Builds the Orbit trainer: steps scheduled on a parameter-server
-  cluster's workers, or run by the strategy here."""
-  trainer_class = (scheduled_trainer.ScheduledTaskTrainer
-                   if parameter_server.uses(state.strategy)
-                   else runners.TaskTrainer)
-  return trainer_class(
-      task, state.model, state.optimizer, state.strategy, train_input,
-      state.global_step, run_eagerly=runtime.run_eagerly,
-      enable_xla=runtime.enable_xla,
-      step_options=gradients.StepOptions.from_config(config),
-      check_loss_scaling=config.check_loss_scaling)
-
-
-def _controller(parts: _Parts, write_dir: str, restore_dir: str,
-                watcher: Optional[preemption.PreemptionWatcher],
-                early_stopping: Optional[actions.EarlyStopping]
-                ) -> controller_lib.Controller:
-  """Builds the controller (which restores the newest checkpoint) and the
-  actions between loops."""
-  config, training, state = parts.config, parts.training, parts.state
-  manager = checkpoints.create_manager(
-      parts.checkpoint, write_dir, config.max_to_keep, state.global_step,
-      init_fn=((lambda: parts.task.initialize(state.model, config.warm_start))
-               if training else None),
-      evaluated_fn=(
-          (lambda: continuous_eval.read_evaluated(write_dir))
-          if training and config.keep_until_evaluated else None))
-  collaborators = {}
-  if training:
-    collaborators = _training_collaborators(parts, write_dir, watcher,
-                                            early_stopping)
-  controller = controller_lib.Controller(
-      global_step=state.global_step, trainer=parts.trainer,
-      evaluator=parts.evaluator, strategy=state.strategy,
-      checkpoint_manager=manager,
-      eval_summary_dir=(os.path.join(write_dir, "eval")
-                        if parts.evaluating else None),
-      options=controller_lib.ControllerOptions(
-          checkpoint_interval=config.checkpoint_interval,
-          restore_dir=restore_dir, partial_restore=not training),
-      **collaborators)
-  # Added once the controller exists: keeping the best checkpoint of an
-  # evaluated checkpoint on disk copies the one the controller restored.
-  controller.eval_actions = tuple(
-      _eval_actions(parts, controller, write_dir, early_stopping))
-  return controller
-
-
-def _training_collaborators(
-    parts: _Parts, write_dir: str,
-    watcher: Optional[preemption.PreemptionWatcher],
-    early_stopping: Optional[actions.EarlyStopping]) -> Dict[str, Any]:
-  """Returns the controller's arguments that only training needs: the loop
-  length, the train actions and the collaborators around a loop (the hooks
-  in the order they report: progress line, profile, early stopping)."""
-  config, state = parts.config, parts.state
-  writer = summaries.LazyWriter(os.path.join(write_dir, "train"))
-  hooks = [reporter.TrainReporter(
-      writer, train_steps=config.train_steps,
-      global_batch_size=config.global_batch_size,
-      summary_interval=config.summary_interval,
-      scalars_fn=lambda: state_lib.loss_scale_scalars(state.optimizer))]
-  if config.profile_steps:
-    hooks.append(profiler.ProfileWindow(config.profile_steps,
-                                        os.path.join(write_dir, "train")))
-  if early_stopping is not None:
-    hooks.append(early_stopping)
-  return dict(
-      steps_per_loop=config.steps_per_loop,
-      train_actions=[
-          actions.OperativeConfigWriter(write_dir, writer),
-          actions.StatefulRandomCheck(parts.trainer.traced_loop,
-                                      parts.runtime.deterministic)],
-      guard=rollback.NonFiniteGuard(
-          config.on_nonfinite, config.max_rollbacks,
-          finite_fn=state.all_finite, resume_input_fn=parts.resume_input_fn),
-      preemption=watcher,
-      hooks=hooks)
-
-
-def _eval_actions(parts: _Parts, controller: controller_lib.Controller,
-                  write_dir: str,
-                  early_stopping: Optional[actions.EarlyStopping]) -> list:
-  """Returns the actions after each evaluation: best checkpoint, early
-  stopping."""
-  found = []
-  if parts.config.best_checkpoint.metric is not None and parts.evaluating:
-
-    def save_best(prefix: str) -> None:
-      if parts.training:
-        parts.checkpoint.write(prefix)
-      else:  # Evaluating a checkpoint on disk: copy it, optimizer and all.
-        checkpoints.copy(controller.restored_path, prefix)
-
-    found.append(actions.BestCheckpoint(
-        write_dir, parts.config.best_checkpoint, step_fn=parts.state.step,
-        save_fn=save_best,
-        export_fn=parts.export if parts.config.export.best else None))
-  if early_stopping is not None and parts.evaluating:
-    found.append(early_stopping)
-  if parts.evaluating:
-    found.append(lambda unused_output: summaries.write_images(
-        os.path.join(write_dir, "eval"), parts.evaluator.images,
-        parts.state.step()))
-  if parts.training and parts.evaluating:
-    record = continuous_eval.EvaluatedRecord(write_dir)
-    found.append(lambda output: record.add(parts.state.step(), output))
-  return found
-
-
-def _run_mode(parts: _Parts, controller: controller_lib.Controller,
+def _run_mode(parts: build.Parts, controller: controller_lib.Controller,
               mode: str, model_dir: str, write_dir: str,
               early_stopping: Optional[actions.EarlyStopping],
               started: float) -> Dict[str, Any]:

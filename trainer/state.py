@@ -3,12 +3,13 @@
 `build` makes them in the strategy scope, the model built from the input's
 spec so a checkpoint restores at once, the optimizer with its learning-rate
 scaling, weight averages (EMA) and float16 loss scaling. `TrainState` is
-what checkpoints hold and what is evaluated, exported and fingerprinted.
+what checkpoints hold (`trainer.build.checkpoint_items`) and what is
+evaluated, exported and fingerprinted.
 """
 
 import dataclasses
 import hashlib
-from typing import Any, ContextManager, Dict, Union
+from typing import Callable, ContextManager, Dict, Optional, Union
 
 import orbit
 import tensorflow as tf
@@ -51,13 +52,6 @@ class TrainState:
     """The global step, read from the device."""
     return int(self.global_step.numpy())
 
-  def checkpoint_items(self) -> Dict[str, Any]:
-    """The model, the global step and the optimizer, if any, by name."""
-    items = {"model": self.model, "global_step": self.global_step}
-    if self.optimizer is not None:
-      items["optimizer"] = self.optimizer
-    return items
-
   def averaged_weights(self) -> ContextManager:
     """A context in which the (`ema.model`) model holds its EMA weights, if
     any."""
@@ -79,7 +73,10 @@ class TrainState:
 def build(task: task_lib.Task, strategy: tf.distribute.Strategy,
           element_spec, config: config_lib.TrainerConfig,
           runtime: runtime_lib.RuntimeConfig, *, training: bool,
-          replica_factor: float = 1.0) -> TrainState:
+          replica_factor: float = 1.0,
+          optimizer_fn: Optional[
+              Callable[[], tf_keras.optimizers.Optimizer]] = None
+          ) -> TrainState:
   """Builds the state in the strategy scope.
 
   Args:
@@ -90,6 +87,9 @@ def build(task: task_lib.Task, strategy: tf.distribute.Strategy,
     runtime: The precision and the model's devices.
     training: Whether the state is trained (it needs an optimizer).
     replica_factor: The learning-rate factor of `trainer.batch_scaling`.
+    optimizer_fn: Makes the optimizer of each trained model in place of
+      the task's, unscaled, unaveraged and not loss-scaled (`check_task`'s
+      plain SGD); None for the task's.
   """
   model_devices = placement.configure(runtime.model_parallel_devices)
   with strategy.scope(), placement.building(model_devices):
@@ -99,7 +99,10 @@ def build(task: task_lib.Task, strategy: tf.distribute.Strategy,
       ensure_built(each, element_spec, name)
     global_step = orbit.utils.create_global_step()
     optimizer = None
-    if training or config.ema.enabled:
+    if optimizer_fn is not None:
+      optimizer = ({name: optimizer_fn() for name in named.trainable(model)}
+                   if named.several(model) else optimizer_fn())
+    elif training or config.ema.enabled:
       # Evaluation builds it too with EMA: the averages are its slots.
       optimizer = (
           _build_several(task, model, config, runtime, replica_factor)

@@ -11,6 +11,8 @@ from trainer.actions.best_checkpoint import BestCheckpointConfig
 from trainer.actions.early_stopping import EARLY_STOPPING_RECORD
 from trainer.actions.early_stopping import EarlyStopping
 from trainer.actions.early_stopping import EarlyStoppingConfig
+from trainer.actions.eval_images import EvalImagesWriter
+from trainer.actions.evaluated_record import EvaluatedStepRecorder
 from trainer.actions.operative_config import OperativeConfigWriter
 from trainer.actions.stateful_random import STATEFUL_RANDOM_OPS
 from trainer.actions.stateful_random import stateful_random_ops
@@ -18,5 +20,6 @@ from trainer.actions.stateful_random import StatefulRandomCheck
 
 __all__ = ["BEST_DIRECTORY", "BEST_RECORD", "BestCheckpoint",
            "BestCheckpointConfig", "EARLY_STOPPING_RECORD", "EarlyStopping",
-           "EarlyStoppingConfig", "OperativeConfigWriter",
+           "EarlyStoppingConfig", "EvalImagesWriter",
+           "EvaluatedStepRecorder", "OperativeConfigWriter",
            "STATEFUL_RANDOM_OPS", "StatefulRandomCheck", "stateful_random_ops"]

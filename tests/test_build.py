@@ -1,0 +1,82 @@
+"""The build layer: what a checkpoint holds, the parts of a mode and the
+controller's actions, built as `train.py` builds them."""
+
+import tensorflow as tf
+
+import trainer
+from trainer import actions
+from trainer import build
+from trainer.storage import checkpoints
+
+import helpers
+
+
+def _parts(mode, **settings):
+  config = trainer.TrainerConfig(**dict(
+      dict(train_steps=4, steps_per_loop=2, summary_interval=2,
+           global_batch_size=16, eval_batch_size=32, checkpoint_interval=2),
+      **settings))
+  setup = build.process(trainer.RuntimeConfig(
+      distribution_strategy="one_device"))
+  return build.parts(helpers.LinearRegression(), mode, setup, config)
+
+
+def test_checkpoint_items_hold_the_state_and_a_trainers_counters():
+  parts = _parts("train")
+  state = parts.state
+  assert sorted(build.checkpoint_items(state)) == ["global_step", "model",
+                                                   "optimizer"]
+  evaluated = _parts("eval").state
+  assert evaluated.optimizer is None
+  assert sorted(build.checkpoint_items(evaluated)) == ["global_step",
+                                                       "model"]
+  items = build.checkpoint_items(state, parts.trainer, with_input=True)
+  assert sorted(items) == sorted(["discarded_batches", "global_step", "model",
+                                  "optimizer", checkpoints.INPUT_POSITION])
+  assert items[checkpoints.INPUT_POSITION] is parts.trainer.train_iterator
+  assert items["discarded_batches"] is parts.trainer.discarded_batches
+  assert checkpoints.INPUT_POSITION not in build.checkpoint_items(
+      state, parts.trainer)
+
+
+def _names(checkpoint):
+  """The names of what `checkpoint` holds, sorted."""
+  return sorted(checkpoint._trackable_children())  # pylint: disable=protected-access
+
+
+def test_parts_checkpoint_what_checkpoint_items_name():
+  parts = _parts("train")
+  # An in-memory dataset's iterator can be saved: the input position too.
+  assert _names(parts.checkpoint) == sorted(build.checkpoint_items(
+      parts.state, parts.trainer, with_input=True))
+  assert parts.training and not parts.evaluating and parts.evaluator is None
+  evaluated = _parts("eval")
+  assert evaluated.trainer is None and evaluated.evaluator is not None
+  assert _names(evaluated.checkpoint) == ["global_step", "model"]
+
+
+def test_the_controller_gets_the_eval_actions_of_the_mode(tmp_path):
+  parts = _parts("train_and_eval", early_stopping=actions.EarlyStoppingConfig(
+      metric="mae", higher_is_better=False))
+  stopper = build.early_stopping(parts, str(tmp_path))
+  controller = build.controller(parts, str(tmp_path), stopper=stopper)
+  assert [type(a) for a in controller.eval_actions] == [
+      actions.EarlyStopping, actions.EvalImagesWriter,
+      actions.EvaluatedStepRecorder]
+  assert controller.eval_actions[0] is stopper
+  evaluated = _parts("eval")
+  assert build.early_stopping(evaluated, str(tmp_path)) is None
+  assert [type(a) for a in build.controller(
+      evaluated, str(tmp_path)).eval_actions] == [actions.EvalImagesWriter]
+
+
+def test_a_controller_without_saves_writes_no_checkpoint(tmp_path):
+  parts = _parts("train")
+  controller = build.controller(parts, str(tmp_path), saves=False)
+  controller.train(4)
+  assert parts.state.step() == 4
+  assert tf.train.latest_checkpoint(str(tmp_path)) is None
+  saving = _parts("train")
+  (tmp_path / "saved").mkdir()  # As `model_dir.write_directory` makes it.
+  build.controller(saving, str(tmp_path / "saved")).train(4)
+  assert helpers.checkpoint_step(str(tmp_path / "saved")) == 4

@@ -1,0 +1,374 @@
+"""Builds what a run needs: the process's strategy, the parts, the controller.
+
+One place assembles the framework's pieces, so `train.py` (through
+`trainer.experiment`) and the tools in `scripts/` train through the same
+objects:
+
+  process     the strategy, the precision policy, the seeds and this
+              process's place among the workers;
+  parts       the inputs, the training state (`trainer.state`), the Orbit
+              trainer and evaluator, and what a checkpoint holds
+              (`checkpoint_items`, its one definition);
+  controller  the checkpoint manager, the hooks around a loop, the actions
+              after a loop and after an evaluation, and the controller.
+"""
+
+import dataclasses
+import os
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import tensorflow as tf
+import tf_keras
+
+from trainer import actions
+from trainer import config as config_lib
+from trainer import console
+from trainer import runtime as runtime_lib
+from trainer import state as state_lib
+from trainer.data import inputs as inputs_lib
+from trainer.data import service as data_service
+from trainer.distribute import cluster
+from trainer.distribute import parameter_server
+from trainer.distribute import placement
+from trainer.distribute import strategy as strategy_lib
+from trainer.loop import continuous_eval
+from trainer.loop import controller as controller_lib
+from trainer.loop import evaluator as evaluator_lib
+from trainer.loop import preemption
+from trainer.loop import profiler
+from trainer.loop import reporter
+from trainer.loop import rollback
+from trainer.loop import runners
+from trainer.loop import scheduled_trainer
+from trainer.model import gradients
+from trainer.model import named
+from trainer.model import precision
+from trainer.model import scaling
+from trainer.model import seeds
+from trainer.model import task as task_lib
+from trainer.report import summaries
+from trainer.storage import checkpoints
+from trainer.storage import exports
+
+TrainerConfig = config_lib.TrainerConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Process:
+  """This process, set up for a run.
+
+  Attributes:
+    runtime: The runtime settings it was set up with.
+    strategy: Where the variables live and the steps run.
+    worker: This process's place among the workers.
+  """
+  runtime: runtime_lib.RuntimeConfig
+  strategy: tf.distribute.Strategy
+  worker: cluster.WorkerInfo
+
+
+def set_up(runtime: runtime_lib.RuntimeConfig) -> cluster.Membership:
+  """Checks the settings that need the data service or the cluster, and
+  joins the cluster: once a process, before anything is written."""
+  data_service.check(runtime)
+  return strategy_lib.set_up(runtime)
+
+
+def process(runtime: runtime_lib.RuntimeConfig,
+            membership: Optional[cluster.Membership] = None) -> Process:
+  """Creates the strategy, sets the precision policy and the seeds; sets
+  the process up first (`set_up`) unless `membership` says it was."""
+  if membership is None:
+    membership = set_up(runtime)
+  strategy = strategy_lib.create_strategy(runtime, membership)
+  precision.set_precision_policy(runtime)
+  seeds.seed_everything(runtime)
+  return Process(runtime, strategy, cluster.worker_info(strategy))
+
+
+@dataclasses.dataclass
+class Parts:
+  """What a run builds for a mode before the controller.
+
+  Attributes:
+    task: What is trained.
+    config: The loop settings, with batches rescaled for the replicas.
+    runtime: The runtime settings.
+    worker: This process's place among the workers.
+    training: Whether the mode trains.
+    evaluating: Whether the mode evaluates.
+    state: The model, optimizer and global step.
+    checkpoint: What checkpoints hold (`checkpoint_items`).
+    trainer: Orbit trainer, when training.
+    evaluator: Orbit evaluator, when evaluating.
+    resume_input_fn: Skips consumed input on resume where the iterator is
+      not in the checkpoint; None otherwise.
+    restarts_input: Whether a resumed run reads the training input from
+      its start.
+    features_spec: The eval input's features, for export signatures.
+  """
+  task: task_lib.Task
+  config: TrainerConfig
+  runtime: runtime_lib.RuntimeConfig
+  worker: cluster.WorkerInfo
+  training: bool
+  evaluating: bool
+  state: state_lib.TrainState
+  checkpoint: Optional[tf.train.Checkpoint] = None
+  trainer: Optional[runners.TaskTrainer] = None
+  evaluator: Optional[evaluator_lib.TaskEvaluator] = None
+  resume_input_fn: Optional[Callable[[int], int]] = None
+  restarts_input: bool = False
+  features_spec: Any = None
+
+  def export(self, directory: str) -> None:
+    """Writes a serving SavedModel (EMA weights, if any) to `directory`: of
+    the model, or of the one `export.model` names."""
+    model = self.state.model
+    if named.several(model):
+      model = model[self.config.export.model]
+    with self.state.averaged_weights():
+      exports.export(
+          model, self.task.export_signatures(model, self.features_spec),
+          directory)
+
+
+def checkpoint_items(state: state_lib.TrainState,
+                     trainer: Optional[runners.TaskTrainer] = None,
+                     with_input: bool = False) -> Dict[str, Any]:
+  """What a checkpoint holds, by name: the model, the global step, the
+  optimizer if any; with a `trainer`, its count of discarded batches and,
+  if `with_input`, its input position (`checkpoints.INPUT_POSITION`)."""
+  items = {"model": state.model, "global_step": state.global_step}
+  if state.optimizer is not None:
+    items["optimizer"] = state.optimizer
+  if trainer is not None:
+    items["discarded_batches"] = trainer.discarded_batches
+    if with_input:
+      items[checkpoints.INPUT_POSITION] = trainer.train_iterator
+  return items
+
+
+def state(task: task_lib.Task, setup: Process, element_spec,
+          config: TrainerConfig, *, training: bool,
+          replica_factor: float = 1.0,
+          optimizer_fn: Optional[
+              Callable[[], tf_keras.optimizers.Optimizer]] = None
+          ) -> state_lib.TrainState:
+  """Builds the model(s), optimizer(s) and global step in `setup`'s
+  strategy (see `trainer.state.build`)."""
+  return state_lib.build(task, setup.strategy, element_spec, config,
+                         setup.runtime, training=training,
+                         replica_factor=replica_factor,
+                         optimizer_fn=optimizer_fn)
+
+
+def trainer(task: task_lib.Task, train_state: state_lib.TrainState,
+            train_input: inputs_lib.DistributedInput, config: TrainerConfig,
+            runtime: runtime_lib.RuntimeConfig) -> runners.TaskTrainer:
+  """Builds the Orbit trainer: steps scheduled on a parameter-server
+  cluster's workers, or run by the strategy here."""
+  trainer_class = (scheduled_trainer.ScheduledTaskTrainer
+                   if parameter_server.uses(train_state.strategy)
+                   else runners.TaskTrainer)
+  return trainer_class(
+      task, train_state.model, train_state.optimizer, train_state.strategy,
+      train_input, train_state.global_step, run_eagerly=runtime.run_eagerly,
+      enable_xla=runtime.enable_xla,
+      step_options=gradients.StepOptions.from_config(config),
+      check_loss_scaling=config.check_loss_scaling)
+
+
+def parts(task: task_lib.Task, mode: str, setup: Process,
+          config: TrainerConfig) -> Parts:
+  """Builds the inputs, training state and Orbit runners of `mode` (one of
+  `trainer.experiment.MODES`) in the process `setup`."""
+  training = mode in ("train", "train_and_eval")
+  evaluating = mode != "train"
+  strategy, runtime, worker = setup.strategy, setup.runtime, setup.worker
+  config, replica_factor = _rescale(config, strategy.num_replicas_in_sync)
+  console.log(f"strategy {type(strategy).__name__} with "
+              f"{strategy.num_replicas_in_sync} replica(s); worker "
+              f"{worker.worker_index} of {worker.num_workers}")
+  train_input, eval_input = inputs_lib.for_mode(
+      task, strategy, config, runtime, worker, training, evaluating)
+  built_state = state(task, setup,
+                      (train_input or eval_input).dataset.element_spec,
+                      config, training=training, replica_factor=replica_factor)
+  _report_placement(built_state, runtime)
+  if (config.export.at_end or config.export.best or
+      config.export.model is not None):  # A bound name is checked, used or not.
+    named.check_choice("export.model", config.export.model, built_state.model)
+  found = Parts(
+      task=task, config=config, runtime=runtime, worker=worker,
+      training=training, evaluating=evaluating, state=built_state,
+      features_spec=eval_input.dataset.element_spec[0] if eval_input else None)
+  position = None
+  if training:
+    found.trainer = trainer(task, built_state, train_input, config, runtime)
+    position = found.trainer.input_resumption(config.input_position,
+                                              worker.num_workers)
+    if position == "skip":
+      found.resume_input_fn = found.trainer.skip_input
+    found.restarts_input = position == "restart"
+  if evaluating:
+    found.evaluator = evaluator_lib.TaskEvaluator(
+        task, built_state.model, strategy, eval_input,
+        built_state.global_step, run_eagerly=runtime.run_eagerly,
+        weights=built_state.averaged_weights)
+  found.checkpoint = tf.train.Checkpoint(**checkpoint_items(
+      built_state, found.trainer, with_input=position == "checkpoint"))
+  return found
+
+
+def _report_placement(built_state: state_lib.TrainState,
+                      runtime: runtime_lib.RuntimeConfig) -> None:
+  """Says where the variables live, read back from them, when a model is
+  split over devices or its variables over parameter servers."""
+  lines = []
+  for model in named.named(built_state.model).values():
+    if (runtime.model_parallel_devices > 1 or
+        parameter_server.uses(built_state.strategy)):
+      lines += placement.variables_by_device(model)
+    if parameter_server.uses(built_state.strategy):
+      lines += parameter_server.shard_lines(model.variables)
+  for line in lines:
+    console.info(f"placement | {line}")
+
+
+def _rescale(config: TrainerConfig,
+             num_replicas: int) -> Tuple[TrainerConfig, float]:
+  """Applies `trainer.batch_scaling`; returns the config and the learning
+  rate factor."""
+  config, replica_factor = scaling.rescale(config, num_replicas)
+  if config.batch_scaling is not None:
+    console.info(
+        f"scaling | {num_replicas} replica(s), reference "
+        f"{config.reference_replicas}: global batch "
+        f"{config.global_batch_size}, eval batch {config.eval_batch_size}, "
+        f"learning rate x{replica_factor:g}")
+  return config, replica_factor
+
+
+def early_stopping(built: Parts,
+                   write_dir: str) -> Optional[actions.EarlyStopping]:
+  """Builds early stopping (a hook and an eval action) if a metric is set."""
+  if built.config.early_stopping.metric is None:
+    return None
+  return actions.EarlyStopping(write_dir, built.config.early_stopping,
+                               step_fn=built.state.step)
+
+
+def controller(built: Parts, write_dir: str, *,
+               restore_dir: Optional[str] = None,
+               watcher: Optional[preemption.PreemptionWatcher] = None,
+               stopper: Optional[actions.EarlyStopping] = None,
+               saves: bool = True) -> controller_lib.Controller:
+  """Builds the controller (which restores the newest checkpoint) and the
+  actions between loops.
+
+  Args:
+    built: The parts.
+    write_dir: Where checkpoints and `train/`, `eval/` summaries go.
+    restore_dir: Where to look for the checkpoint to restore, if not in
+      `write_dir`.
+    watcher: Watches for SIGTERM/SIGINT while training.
+    stopper: Early stopping, from `early_stopping`.
+    saves: Whether there are checkpoints at all: a benchmark times the
+      loop without them.
+  """
+  config, training, train_state = built.config, built.training, built.state
+  manager = None
+  if saves:
+    manager = checkpoints.create_manager(
+        built.checkpoint, write_dir, config.max_to_keep,
+        train_state.global_step,
+        init_fn=((lambda: built.task.initialize(train_state.model,
+                                                config.warm_start))
+                 if training else None),
+        evaluated_fn=(
+            (lambda: continuous_eval.read_evaluated(write_dir))
+            if training and config.keep_until_evaluated else None))
+  collaborators = {}
+  if training:
+    collaborators = _training_collaborators(built, write_dir, watcher,
+                                            stopper)
+  found = controller_lib.Controller(
+      global_step=train_state.global_step, trainer=built.trainer,
+      evaluator=built.evaluator, strategy=train_state.strategy,
+      checkpoint_manager=manager,
+      eval_summary_dir=(os.path.join(write_dir, "eval")
+                        if built.evaluating else None),
+      options=controller_lib.ControllerOptions(
+          checkpoint_interval=config.checkpoint_interval if saves else None,
+          restore_dir=restore_dir, partial_restore=not training),
+      **collaborators)
+  # Added once the controller exists: keeping the best checkpoint of an
+  # evaluated checkpoint on disk copies the one the controller restored.
+  found.eval_actions = tuple(
+      _eval_actions(built, found, write_dir, stopper))
+  return found
+
+
+def _training_collaborators(
+    built: Parts, write_dir: str,
+    watcher: Optional[preemption.PreemptionWatcher],
+    stopper: Optional[actions.EarlyStopping]) -> Dict[str, Any]:
+  """Returns the controller's arguments that only training needs: the loop
+  length, the train actions and the collaborators around a loop (the hooks
+  in the order they report: progress line, profile, early stopping)."""
+  config, train_state = built.config, built.state
+  writer = summaries.LazyWriter(os.path.join(write_dir, "train"))
+  hooks = [reporter.TrainReporter(
+      writer, train_steps=config.train_steps,
+      global_batch_size=config.global_batch_size,
+      summary_interval=config.summary_interval,
+      scalars_fn=lambda: state_lib.loss_scale_scalars(train_state.optimizer))]
+  if config.profile_steps:
+    hooks.append(profiler.ProfileWindow(config.profile_steps,
+                                        os.path.join(write_dir, "train")))
+  if stopper is not None:
+    hooks.append(stopper)
+  return dict(
+      steps_per_loop=config.steps_per_loop,
+      train_actions=[
+          actions.OperativeConfigWriter(write_dir, writer),
+          actions.StatefulRandomCheck(built.trainer.traced_loop,
+                                      built.runtime.deterministic)],
+      guard=rollback.NonFiniteGuard(
+          config.on_nonfinite, config.max_rollbacks,
+          finite_fn=train_state.all_finite,
+          resume_input_fn=built.resume_input_fn),
+      preemption=watcher,
+      hooks=hooks)
+
+
+def _eval_actions(built: Parts, found: controller_lib.Controller,
+                  write_dir: str,
+                  stopper: Optional[actions.EarlyStopping]) -> List[Any]:
+  """Returns the actions after each evaluation: best checkpoint, early
+  stopping, the eval images, the record of evaluated steps."""
+  if not built.evaluating:
+    return []
+  chosen = []
+  if built.config.best_checkpoint.metric is not None:
+
+    def save_best(prefix: str) -> None:
+      if built.training:
+        built.checkpoint.write(prefix)
+      else:  # Evaluating a checkpoint on disk: copy it, optimizer and all.
+        checkpoints.copy(found.restored_path, prefix)
+
+    chosen.append(actions.BestCheckpoint(
+        write_dir, built.config.best_checkpoint, step_fn=built.state.step,
+        save_fn=save_best,
+        export_fn=built.export if built.config.export.best else None))
+  if stopper is not None:
+    chosen.append(stopper)
+  chosen.append(actions.EvalImagesWriter(
+      os.path.join(write_dir, "eval"), lambda: built.evaluator.images,
+      step_fn=built.state.step))
+  if built.training:
+    chosen.append(actions.EvaluatedStepRecorder(write_dir,
+                                                step_fn=built.state.step))
+  return chosen
