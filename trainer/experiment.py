@@ -23,7 +23,7 @@ from trainer import model_dir as model_dir_lib
 from trainer import runtime as runtime_lib
 from trainer import state as state_lib
 from trainer.data import inputs as inputs_lib
-from trainer.data import service as data_service
+from trainer.data import stall_watch
 from trainer.distribute import cluster
 from trainer.distribute import parameter_server
 from trainer.distribute import placement
@@ -165,18 +165,18 @@ def _stall_watch(parts: "_Parts", controller: controller_lib.Controller,
     return on_stall
 
   def timed_out(step: int, waited: float, why: str, saved: str) -> bool:
-    preemption.end_process(data_service.timeout_line(
+    preemption.end_process(stall_watch.timeout_line(
         parts.runtime, step, waited, why, saved))
     return True
 
   def signalled(unused_step: int, waited: float, why: str,
                 unused_saved: str) -> bool:
     # The receiver's line says what is saved, as at the grace period's end.
-    return preemption.end_waiting(data_service.signal_reason(waited, why))
+    return preemption.end_waiting(stall_watch.signal_reason(waited, why))
 
   # The variable, not `controller.step`: that moves only between loops, and
   # a loop of slow steps is no stall.
-  return data_service.StallWatch(
+  return stall_watch.StallWatch(
       parts.runtime,
       lambda: parts.state.step() if parts.trainer.in_loop else None,
       saving_first(timed_out),
