@@ -55,13 +55,13 @@ sys.path.insert(0, REPO_ROOT)
 import trainer  # noqa: E402  Selects Keras 2 before TensorFlow loads.
 from absl import app
 from absl import flags
-from absl import logging
 import numpy as np
 import orbit
 import tensorflow as tf
 import tf_keras
 
 from trainer import build
+from trainer import console
 from trainer.report import usage
 
 FLAGS = flags.FLAGS
@@ -347,9 +347,8 @@ def report(steps_per_loop: int, num_steps: int,
 def main(argv):
   del argv
   wall_start = time.perf_counter()
-  if not FLAGS["verbosity"].present:
-    # As in train.py: INFO logs would repeat the per-loop progress lines.
-    logging.set_verbosity(logging.WARNING)
+  # As in train.py: INFO logs would repeat the per-loop progress lines.
+  console.configure(verbosity_asked=FLAGS["verbosity"].present)
   mirrored = FLAGS.strategy == "mirrored"
   runtime = trainer.RuntimeConfig(
       distribution_strategy=FLAGS.strategy,

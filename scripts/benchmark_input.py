@@ -58,12 +58,12 @@ sys.path.insert(0, REPO_ROOT)
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import trainer  # noqa: E402  Selects Keras 2 before TensorFlow loads.
 from absl import flags
-from absl import logging
 import tensorflow as tf
 
 from tasks import fake_data
 from trainer import build
 from trainer import cli
+from trainer import console
 from trainer.data import inputs as inputs_lib
 from trainer.loop import runners
 
@@ -117,8 +117,7 @@ def main(gin_files: List[str], task: trainer.Task,
          runtime: trainer.RuntimeConfig,
          config: trainer.TrainerConfig) -> None:
   del gin_files
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
+  console.configure(verbosity_asked=FLAGS["verbosity"].present)
   with tempfile.TemporaryDirectory() as data_dir, contextlib.ExitStack() as (
       services):
     if FLAGS.fake_data:

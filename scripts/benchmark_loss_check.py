@@ -38,11 +38,11 @@ sys.path.insert(0, REPO_ROOT)
 import trainer  # noqa: E402  Selects Keras 2 before TensorFlow loads.
 from absl import app
 from absl import flags
-from absl import logging
 import tensorflow as tf
 import tf_keras
 from official.vision.modeling import backbones
 
+from trainer import console
 from trainer import experiment
 from trainer.report import usage
 
@@ -124,7 +124,8 @@ def _run_seconds(task: trainer.Task, check: bool, batch: int) -> float:
 
 def main(argv):
   del argv
-  logging.set_verbosity(logging.ERROR)
+  # Its table only, whatever `--verbosity` says.
+  console.configure(verbosity_asked=False, errors_only=True)
   results = {}
   with open(os.devnull, "w", encoding="utf-8") as devnull:
     for name, task, batch in (("mlp", Mlp(), 32), ("resnet", ResNet(), 16)):

@@ -41,7 +41,6 @@ sys.path.insert(0, REPO_ROOT)
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import trainer  # noqa: E402  Selects Keras 2 before TensorFlow loads.
 from absl import flags
-from absl import logging
 import numpy as np
 import tensorflow as tf
 import tf_keras
@@ -49,6 +48,7 @@ import tf_keras
 from trainer import actions
 from trainer import build
 from trainer import cli
+from trainer import console
 from trainer import errors
 from trainer import state as state_lib
 from trainer.data import inputs as inputs_lib
@@ -420,8 +420,7 @@ def compare_resume(one: Run, resumed: Run, saved_step: int,
 def main(unused_gin_files: List[str], task: trainer.Task,
          runtime: trainer.RuntimeConfig,
          config: trainer.TrainerConfig) -> None:
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
+  console.configure(verbosity_asked=FLAGS["verbosity"].present)
   try:
     passed = check(task, runtime, config)
   except errors.ConfigError as e:

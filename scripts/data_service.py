@@ -57,7 +57,7 @@ sys.path.insert(0, REPO_ROOT)
 import trainer  # noqa: E402  Selects Keras 2 before TensorFlow loads.
 from absl import flags
 import tensorflow as tf
-from trainer.data import service as data_service
+from trainer.data import dispatcher as data_dispatcher
 from trainer.report import tf_logs
 from trainer.report import usage
 # Registers tensorflow-text's ops, which text pipelines (ImdbSentiment)
@@ -113,7 +113,7 @@ def start_server(port: int, dispatcher: str, host: str, work_dir: str):
         port=port, work_dir=work_dir, fault_tolerant_mode=bool(work_dir)))
     journal = f" (journal in {work_dir})" if work_dir else ""
     return server, f"dispatcher serving at {server.target}{journal}"
-  dispatcher = data_service.host_port(dispatcher)
+  dispatcher = data_dispatcher.host_port(dispatcher)
   server = service.WorkerServer(service.WorkerConfig(
       dispatcher_address=dispatcher, worker_address=f"{host}:{port}",
       port=port))
@@ -127,20 +127,20 @@ def wait_for_dispatcher(dispatcher: str, stop: threading.Event) -> bool:
   Says once that it waits. Returns False if `stop` is set first.
 
   Raises:
-    data_service.NoDispatcher: At once where something else answers, or
+    data_dispatcher.NoDispatcher: At once where something else answers, or
       when the time is up.
   """
   deadline = time.monotonic() + FLAGS.wait_for_dispatcher
   said = False
   while True:
     try:
-      data_service.ask_dispatcher(dispatcher, timeout=5.0)
+      data_dispatcher.ask_dispatcher(dispatcher, timeout=5.0)
       return True
-    except data_service.NoDispatcher as e:
+    except data_dispatcher.NoDispatcher as e:
       if not e.may_start:
         raise
       if time.monotonic() >= deadline:
-        raise data_service.NoDispatcher(
+        raise data_dispatcher.NoDispatcher(
             f"{e.reason} for {FLAGS.wait_for_dispatcher:g} s "
             "(--wait_for_dispatcher)", True) from None
       if not said:
@@ -155,7 +155,7 @@ class WorkerReport:
   """A dispatcher's line whenever its workers change: how many are
   registered and, checked every `PROBE_SECONDS`, which of them nothing
   answers at (TensorFlow keeps a dead worker registered for good; see
-  `trainer.data.service.unreachable_workers`)."""
+  `trainer.data.dispatcher.unreachable_workers`)."""
 
   PROBE_SECONDS = 10.0
 
@@ -172,8 +172,8 @@ class WorkerReport:
     if count != self._last[0] or (count and now >= self._next_probe):
       self._next_probe = now + self.PROBE_SECONDS
       try:
-        unreachable = data_service.unreachable_workers(self._server.target)
-      except data_service.NoDispatcher:
+        unreachable = data_dispatcher.unreachable_workers(self._server.target)
+      except data_dispatcher.NoDispatcher:
         return  # Its own dispatcher busy: asked again next time.
     if (count, unreachable) == self._last:
       return
@@ -205,7 +205,7 @@ def main(argv) -> int:
       return 0
     server, line = start_server(FLAGS.port, FLAGS.dispatcher, FLAGS.host,
                                 FLAGS.work_dir)
-  except data_service.NoDispatcher as e:
+  except data_dispatcher.NoDispatcher as e:
     print(f"{PROGRAM}: error: no tf.data service dispatcher at "
           f"{FLAGS.dispatcher}: {e.reason}", file=sys.stderr, flush=True)
     return ERROR_EXIT_CODE

@@ -146,6 +146,33 @@ def wants_log_scale(values: Sequence[float]) -> bool:
           max(finite) / min(finite) > 100)
 
 
+def draw_panel(ax, name: str, runs: Dict[str, Dict[str, Scalars]]) -> None:
+  """Draws metric `name` of every run and split on the axes `ax`: train
+  solid, eval dashed with markers, one colour per run."""
+  values = []
+  for run_index, (label, run) in enumerate(runs.items()):
+    color = f"C{run_index % 10}"
+    for split in SPLITS:
+      points = run.get(split, {}).get(name)
+      if not points:
+        continue
+      steps, split_values = zip(*points)
+      values.extend(split_values)
+      if split == "train":
+        # A lone point needs a marker to show at all.
+        style = dict(linestyle="-", marker="." if len(points) == 1 else "")
+      else:
+        style = dict(linestyle="--", marker="o", markersize=3)
+      ax.plot(steps, split_values, color=color, label=f"{label} {split}",
+              **style)
+  if name == "learning_rate" and wants_log_scale(values):
+    ax.set_yscale("log")
+  ax.set_title(name)
+  ax.set_xlabel("step")
+  ax.grid(True, alpha=0.3)
+  ax.legend(fontsize="small")
+
+
 def plot(runs: Dict[str, Dict[str, Scalars]], output_path: str,
          include_all: bool = False) -> List[str]:
   """Draws one panel per metric and saves the grid as a PNG.
@@ -175,29 +202,7 @@ def plot(runs: Dict[str, Dict[str, Scalars]], output_path: str,
       figsize=(columns * PANEL_SIZE[0], rows * PANEL_SIZE[1]))
   try:
     for index, name in enumerate(names):
-      ax = axes[index // columns][index % columns]
-      values = []
-      for run_index, (label, run) in enumerate(runs.items()):
-        color = f"C{run_index % 10}"
-        for split in SPLITS:
-          points = run.get(split, {}).get(name)
-          if not points:
-            continue
-          steps, split_values = zip(*points)
-          values.extend(split_values)
-          if split == "train":
-            # A lone point needs a marker to show at all.
-            style = dict(linestyle="-", marker="." if len(points) == 1 else "")
-          else:
-            style = dict(linestyle="--", marker="o", markersize=3)
-          ax.plot(steps, split_values, color=color, label=f"{label} {split}",
-                  **style)
-      if name == "learning_rate" and wants_log_scale(values):
-        ax.set_yscale("log")
-      ax.set_title(name)
-      ax.set_xlabel("step")
-      ax.grid(True, alpha=0.3)
-      ax.legend(fontsize="small")
+      draw_panel(axes[index // columns][index % columns], name, runs)
     for index in range(len(names), rows * columns):
       axes[index // columns][index % columns].set_visible(False)
     figure.tight_layout()

@@ -126,6 +126,13 @@ def test_configure_keeps_info_out_of_the_log_unless_verbosity_asks(
       (logging.WARNING, "kept")]
 
 
+def test_configure_keeps_errors_only_where_a_script_asks(absl_verbosity):
+  # A benchmark that prints only its table (scripts/benchmark_loss_check.py).
+  del absl_verbosity
+  console.configure(verbosity_asked=False, errors_only=True)
+  assert absl_logging.get_verbosity() == absl_logging.ERROR
+
+
 # absl's logging functions; only the channel and the TensorFlow-log plumbing
 # may call them.
 _ABSL_LOGGING_FUNCTIONS = {

@@ -16,6 +16,7 @@ import time
 import pytest
 
 import helpers
+from trainer.distribute import slurm
 from trainer.loop import preemption
 
 FAULTY_TASK = textwrap.dedent('''
@@ -279,7 +280,8 @@ def _receiver(progress=(10, 8)):
   def exit_fn(line, code, asked=False):
     raise _Exited(line, code, asked)
 
-  receiver = preemption.Receiver(exit_fn, clock=lambda: now[0])
+  receiver = preemption.Receiver(exit_fn, slurm.requeue_outcome,
+                                 clock=lambda: now[0])
   watcher = preemption.PreemptionWatcher(progress_fn=lambda: progress)
   receiver.watcher = watcher
   return receiver, watcher
@@ -316,8 +318,7 @@ def test_receiver_says_which_steps_a_forced_exit_leaves_unsaved():
   exits, asked_for = [], []
   receiver = preemption.Receiver(
       lambda line, code, asked=False: exits.append(line) or asked_for.append(
-          asked),
-                                 clock=lambda: now[0])
+          asked), slurm.requeue_outcome, clock=lambda: now[0])
   now = [0.0]
   watcher = preemption.PreemptionWatcher(progress_fn=lambda: progress[0])
   receiver.watcher = watcher
@@ -354,7 +355,7 @@ def test_receiver_ends_a_wait_for_input_once_its_step_is_saved():
   exits = []
   receiver = preemption.Receiver(
       lambda line, code, asked=False: exits.append((line, code, asked)),
-      clock=lambda: 0.0)
+      slurm.requeue_outcome, clock=lambda: 0.0)
   watcher = preemption.PreemptionWatcher(progress_fn=lambda: progress[0])
   receiver.watcher = watcher
   receiver.configure(42, 25.0, training=True)
@@ -383,7 +384,8 @@ def test_receiver_after_training_names_the_final_checkpoint():
 
 def test_sigusr1_before_training_waits_for_the_first_loop(monkeypatch):
   monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-  receiver = preemption.Receiver(lambda *args: pytest.fail(f"exit {args}"))
+  receiver = preemption.Receiver(lambda *args: pytest.fail(f"exit {args}"),
+                                 slurm.requeue_outcome)
   receiver.configure(42, 3.0, training=True)
   receiver.handle(signal.SIGUSR1)  # Building the model: nothing to save.
   watcher = preemption.PreemptionWatcher()
@@ -391,7 +393,7 @@ def test_sigusr1_before_training_waits_for_the_first_loop(monkeypatch):
   assert watcher.received and watcher.agreed(strategy=None)
   stop = watcher.stopped(100, agreed=True)
   assert (stop.step, stop.requeue, stop.exit_code) == (100, True, 42)
-  assert stop.line(preemption.slurm.requeue_outcome(True)) == (
+  assert stop.line(slurm.requeue_outcome(True)) == (
       "preempted at step 100 by SIGUSR1 (the time limit is near): checkpoint "
       "saved; not in a SLURM job, so nothing to requeue: run the same "
       "command again, to resume from step 100 (exit code 42)")

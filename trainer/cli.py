@@ -30,6 +30,7 @@ from trainer import runtime as runtime_lib
 from trainer import user_errors
 from trainer.distribute import slurm
 from trainer.loop import preemption
+from trainer.loop import preemption_lines
 from trainer.model import task as task_lib
 from trainer.report import run_report
 from trainer.report import tf_logs
@@ -163,7 +164,8 @@ def _one_line_failures():
   except (errors.NonFiniteError, errors.RunError) as e:
     failure = (str(e), RUNTIME_ERROR_EXIT_CODE)
   except errors.Preempted as e:
-    failure = (preemption.exit_line(e), e.exit_code, "train.py", e.asked)
+    failure = (preemption_lines.exit_line(e, slurm.requeue_outcome),
+               e.exit_code, "train.py", e.asked)
   except Exception as e:  # pylint: disable=broad-except
     # A failed peer (UnavailableError), a lost device, a full disk or a
     # mistake in the task: checkpoints already written stay, and a restart
@@ -178,15 +180,21 @@ def _one_line_failures():
 
 def main(model_dir: str, task: task_lib.Task,
          runtime: runtime_lib.RuntimeConfig,
-         config: experiment.TrainerConfig) -> int:
-  """Runs the validated experiment in `FLAGS.mode`; returns the exit code."""
+         config: experiment.TrainerConfig,
+         receiver: Optional[preemption.Receiver] = None) -> int:
+  """Runs the validated experiment in `FLAGS.mode`; returns the exit code.
+
+  `receiver` is the process's signal receiver, which the run's preemption
+  watcher attaches to.
+  """
   console.configure(verbosity_asked=FLAGS["verbosity"].present)
   console.log(f"task {type(task).__name__}, mode {FLAGS.mode}, model_dir "
               f"{model_dir}")
   if FLAGS.dry_run:
-    return dry_run(task, runtime, config, model_dir)
+    return dry_run(task, runtime, config, model_dir, receiver)
   with _one_line_failures():
-    results = experiment.run(task, FLAGS.mode, model_dir, runtime, config)
+    results = experiment.run(task, FLAGS.mode, model_dir, runtime, config,
+                             receiver=receiver)
   if results and FLAGS.mode not in TRAINING_MODES:
     # A training run's closing block holds its final evaluation.
     console.info(f"final eval | {run_report.format_results(results)}")
@@ -194,7 +202,8 @@ def main(model_dir: str, task: task_lib.Task,
 
 
 def dry_run(task: task_lib.Task, runtime: runtime_lib.RuntimeConfig,
-            config: experiment.TrainerConfig, model_dir: str) -> int:
+            config: experiment.TrainerConfig, model_dir: str,
+            receiver: Optional[preemption.Receiver] = None) -> int:
   """Runs one train and one eval step in a temporary directory.
 
   Everything a real run builds is built (strategy, model, optimizer, both
@@ -211,7 +220,8 @@ def dry_run(task: task_lib.Task, runtime: runtime_lib.RuntimeConfig,
   with tempfile.TemporaryDirectory(prefix="dry_run-") as directory:
     with _one_line_failures():
       results = experiment.run(task, "train_and_eval", directory, runtime,
-                               trial, restore_dir=restore_dir)
+                               trial, restore_dir=restore_dir,
+                               receiver=receiver)
   console.info("dry run | resolved configuration:\n" +
                gin.operative_config_str().rstrip())
   origin = (f"from the checkpoint at step {start} in {model_dir}" if start
@@ -278,7 +288,7 @@ def run() -> None:
   reported. SIGTERM and SIGINT are received from here on by a thread of
   their own (`trainer.preemption`); `train.py` blocks them earlier still.
   """
-  signals = preemption.start_receiver(fail)
+  signals = preemption.start_receiver(fail, slurm.requeue_outcome)
   argv = parse_flags(sys.argv)
   if len(argv) > 1:
     fail(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -293,7 +303,8 @@ def run() -> None:
                     training=FLAGS.mode in TRAINING_MODES or FLAGS.dry_run)
   _check_kill_wait(config.preemption_grace_seconds)
   _quiet_tensorflow()
-  app.run(lambda _: _collected(main(model_dir, *loaded)), argv=sys.argv[:1])
+  app.run(lambda _: _collected(main(model_dir, *loaded, receiver=signals)),
+          argv=sys.argv[:1])
 
 
 def _collected(exit_code: int) -> int:

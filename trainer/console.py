@@ -29,16 +29,16 @@ def _log_reaches_terminal() -> bool:
   return getattr(handler, "stream", None) in (sys.stderr, sys.__stderr__)
 
 
-def configure(verbosity_asked: bool) -> None:
+def configure(verbosity_asked: bool, errors_only: bool = False) -> None:
   """Sets what the log keeps: where absl's `--verbosity` was not given,
-  warnings and errors only.
+  warnings and errors only (`errors_only`: errors only).
 
   The lines `info` prints would otherwise show twice on a terminal, the
   log's copy beside the printed one; INFO lines (`log`'s) are then kept only
-  when `--verbosity` asks for them.
+  when `--verbosity` asks for them. The scripts configure it here too.
   """
   if not verbosity_asked:
-    logging.set_verbosity(logging.WARNING)
+    logging.set_verbosity(logging.ERROR if errors_only else logging.WARNING)
 
 
 def log(message: str) -> None:

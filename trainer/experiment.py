@@ -25,7 +25,7 @@ from trainer import errors
 from trainer import model_dir as model_dir_lib
 from trainer import runtime as runtime_lib
 from trainer import state as state_lib
-from trainer.data import service as data_service
+from trainer.data import stall_watch
 from trainer.distribute import cluster
 from trainer.distribute import ps_errors
 from trainer.distribute import roles
@@ -43,7 +43,8 @@ TrainerConfig = config_lib.TrainerConfig
 def run(task: task_lib.Task, mode: str, model_dir: str,
         runtime: Optional[runtime_lib.RuntimeConfig] = None,
         config: Optional[TrainerConfig] = None,
-        restore_dir: Optional[str] = None) -> Dict[str, Any]:
+        restore_dir: Optional[str] = None,
+        receiver: Optional[preemption.Receiver] = None) -> Dict[str, Any]:
   """Trains and/or evaluates `task` in `model_dir`.
 
   Args:
@@ -56,6 +57,8 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
     restore_dir: Where to look for the checkpoint to start from, if not in
       `model_dir` (`--dry_run` starts from the real run's checkpoint but
       writes elsewhere); it is only read.
+    receiver: The process's signal receiver (`train.py`'s); None: a
+      signal is caught by Python handlers while training.
 
   Returns:
     The last evaluation's results (name -> NumPy value), or {} if none ran.
@@ -89,13 +92,14 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
         if runtime.distribution_strategy == "parameter_server"
         else contextlib.nullcontext()):
     return _build_and_run(task, mode, model_dir, runtime, config,
-                          restore_dir, started, membership)
+                          restore_dir, started, membership, receiver)
 
 
 def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
                    runtime: runtime_lib.RuntimeConfig, config: TrainerConfig,
                    restore_dir: str, started: float,
-                   membership: cluster.Membership) -> Dict[str, Any]:
+                   membership: cluster.Membership,
+                   receiver: Optional[preemption.Receiver]) -> Dict[str, Any]:
   """Builds the parts and the controller, then runs `mode`; see `run`.
 
   What building says (optimizers, placement, the restore) follows the
@@ -112,7 +116,8 @@ def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
     watcher = (preemption.PreemptionWatcher(config.preemption_exit_code,
                                             parts.worker.num_workers,
                                             parts.worker.is_chief,
-                                            progress_fn=progress)
+                                            progress_fn=progress,
+                                            receiver=receiver)
                if parts.training else None)
     with (model_dir_lib.write_directory(model_dir, parts.worker, mode,
                                         parts.config) as write_dir,
@@ -156,18 +161,18 @@ def _stall_watch(parts: build.Parts, controller: controller_lib.Controller,
     return on_stall
 
   def timed_out(step: int, waited: float, why: str, saved: str) -> bool:
-    preemption.end_process(data_service.timeout_line(
+    watcher.end_process(stall_watch.timeout_line(
         parts.runtime, step, waited, why, saved))
     return True
 
   def signalled(unused_step: int, waited: float, why: str,
                 unused_saved: str) -> bool:
     # The receiver's line says what is saved, as at the grace period's end.
-    return preemption.end_waiting(data_service.signal_reason(waited, why))
+    return watcher.end_waiting(stall_watch.signal_reason(waited, why))
 
   # The variable, not `controller.step`: that moves only between loops, and
   # a loop of slow steps is no stall.
-  return data_service.StallWatch(
+  return stall_watch.StallWatch(
       parts.runtime,
       lambda: parts.state.step() if parts.trainer.in_loop else None,
       saving_first(timed_out),

@@ -7,7 +7,6 @@ import random
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,7 +16,6 @@ import tensorflow as tf
 
 import helpers
 import trainer
-from trainer.data import service as data_service
 
 SCRIPT = "scripts/data_service.py"
 TIMEOUT = 300
@@ -170,44 +168,6 @@ def test_the_server_script_stops_on_sigterm_and_names_a_busy_port():
   assert dispatcher.process.stdout.read().strip() == "data_service | stopped"
 
 
-def test_only_a_dispatcher_answers_as_one():
-  # In-process servers: a dispatcher answers, a worker (another gRPC
-  # server) and a plain TCP listener do not, a closed port may start one.
-  service = tf.data.experimental.service
-  dispatcher_port, worker_port, closed_port = helpers.free_ports(3)
-  dispatcher = service.DispatchServer(
-      service.DispatcherConfig(port=dispatcher_port))
-  worker = service.WorkerServer(service.WorkerConfig(
-      dispatcher_address=f"localhost:{dispatcher_port}", port=worker_port))
-  with socket.create_server(("127.0.0.1", 0)) as listener:
-    data_service.ask_dispatcher(f"grpc://localhost:{dispatcher_port}", 5)
-    # Its workers, as the stall watch reads them.
-    assert data_service.list_workers(
-        f"grpc://localhost:{dispatcher_port}") == [f"localhost:{worker_port}"]
-    answers = {}
-    for name, port, timeout in [("worker", worker_port, 5),
-                                ("listener", listener.getsockname()[1], 1),
-                                ("closed", closed_port, 5)]:
-      with pytest.raises(data_service.NoDispatcher) as raised:
-        data_service.ask_dispatcher(f"127.0.0.1:{port}", timeout)
-      answers[name] = (raised.value.reason, raised.value.may_start)
-  worker.stop()
-  dispatcher.stop()
-  assert answers == {
-      "worker": ("a gRPC server answers that is not a tf.data service "
-                 "dispatcher (a worker's port?)", False),
-      "listener": ("something listens there but gives no gRPC answer in "
-                   "1 s", False),
-      "closed": ("Connection refused", True)}
-  runtime = trainer.RuntimeConfig(data_service=f"127.0.0.1:{worker_port}")
-  with pytest.raises(trainer.ConfigError) as raised:
-    data_service.check_reachable(runtime)
-  assert str(raised.value) == (
-      f"no tf.data service dispatcher at grpc://127.0.0.1:{worker_port} "
-      "(`runtime.data_service`): Connection refused; start one with python "
-      f"scripts/data_service.py --port={worker_port}")
-
-
 @pytest.mark.slow
 def test_a_worker_waits_for_its_dispatcher_and_gives_up_in_one_line():
   dispatcher_port, worker_port = helpers.free_ports(2)
@@ -239,163 +199,6 @@ def test_a_worker_waits_for_its_dispatcher_and_gives_up_in_one_line():
       f"data_service.py: error: no tf.data service dispatcher at "
       f"localhost:{dispatcher_port}: Connection refused for 1 s "
       "(--wait_for_dispatcher)")
-
-
-class _Clock:
-  def __init__(self):
-    self.now = 0.0
-
-  def __call__(self):
-    return self.now
-
-
-def test_a_stall_is_warned_about_once_until_training_moves(capsys):
-  clock, step = _Clock(), [None]  # It starts before the first loop.
-  runtime = trainer.RuntimeConfig(data_service="grpc://10.0.0.5:5050")
-  warning = data_service.StallWatch(runtime, lambda: step[0], seconds=60,
-                                    poll_seconds=0.01, clock=clock,
-                                    workers_fn=lambda address: [])
-  with warning:
-    time.sleep(0.1)
-    step[0] = 0  # The first loop begins.
-    time.sleep(0.1)
-    clock.now = 119.0  # Before the first step: twice the patience.
-    time.sleep(0.1)
-    assert "warning" not in capsys.readouterr().out
-    clock.now = 121.0
-    time.sleep(0.1)
-    clock.now = 500.0
-    time.sleep(0.1)
-    out = capsys.readouterr().out
-    assert out.count("warning | training has not advanced from step 0 for "
-                     "121 s; it reads its batches from the tf.data service "
-                     "at grpc://10.0.0.5:5050, which waits while the "
-                     "dispatcher is down or no worker is alive: start one "
-                     "with python scripts/data_service.py --port=PORT "
-                     "--dispatcher=10.0.0.5:5050") == 1
-    assert out.count("warning") == 1
-    step[0] = 100  # Trained on: the next stall counts 60 s.
-    time.sleep(0.1)
-    step[0] = None  # Between loops (an evaluation): not a stall.
-    clock.now = 700.0
-    time.sleep(0.1)
-    assert "warning" not in capsys.readouterr().out
-    step[0] = 100
-    time.sleep(0.1)
-    clock.now = 761.0
-    time.sleep(0.1)
-  assert "from step 100 for 61 s" in capsys.readouterr().out
-
-
-def test_a_stall_past_the_timeout_ends_the_run_naming_the_workers(capsys):
-  clock, step, ended = _Clock(), [None], []
-  answers = [["127.0.0.1:5051", "127.0.0.1:5052"], []]
-
-  def workers(address):
-    assert address == "grpc://127.0.0.1:5050"
-    if not answers:
-      raise data_service.NoDispatcher("Connection refused", True)
-    return answers[0]
-
-  runtime = trainer.RuntimeConfig(data_service="grpc://127.0.0.1:5050",
-                                  data_service_timeout=300)
-  watch = data_service.StallWatch(
-      runtime, lambda: step[0], lambda *args: ended.append(args) or True,
-      seconds=60, poll_seconds=0.01, clock=clock, workers_fn=workers)
-  with watch:
-    step[0] = 0
-    time.sleep(0.1)
-    step[0] = 200  # Trained: the timeout counts once, not twice.
-    time.sleep(0.1)
-    clock.now = 30.0
-    answers.pop(0)  # The workers are gone.
-    time.sleep(0.1)
-    clock.now = 299.0
-    time.sleep(0.1)
-    assert not ended
-    answers.pop(0)  # The dispatcher too.
-    clock.now = 301.0
-    time.sleep(0.1)
-  assert ended == [(200, 301.0, (
-      "the dispatcher at grpc://127.0.0.1:5050 does not answer (Connection "
-      "refused); worker(s) last seen 301 s ago: 127.0.0.1:5051, "
-      "127.0.0.1:5052"))]
-  assert data_service.timeout_line(
-      runtime, 200, 301.0, "WHY", "the checkpoint of step 200 is saved") == (
-          "no batch from the tf.data service for 301 s at step 200 "
-          "(`runtime.data_service_timeout`): WHY; the checkpoint of step 200 "
-          "is saved; start workers (python scripts/data_service.py "
-          "--port=PORT --dispatcher=127.0.0.1:5050) and run the same "
-          "command again")
-
-
-def test_a_timeout_whose_save_a_batch_overtook_waits_a_whole_timeout_again():
-  # `on_timeout` returns False when a batch came during its save (the
-  # controller's `save_while_waiting` returns None): the watch waits again.
-  clock, step, calls = _Clock(), [None], []
-  runtime = trainer.RuntimeConfig(data_service="grpc://127.0.0.1:5050",
-                                  data_service_timeout=100)
-  watch = data_service.StallWatch(
-      runtime, lambda: step[0],
-      lambda *args: calls.append((args[0], clock.now)) or len(calls) > 1,
-      seconds=60, poll_seconds=0.01, clock=clock,
-      workers_fn=lambda address: [])
-  with watch:
-    step[0] = 0
-    time.sleep(0.1)
-    step[0] = 5
-    time.sleep(0.1)
-    clock.now = 101.0
-    time.sleep(0.1)
-    assert calls == [(5, 101.0)]
-    clock.now = 200.0  # Less than a whole timeout since the first call.
-    time.sleep(0.1)
-    assert calls == [(5, 101.0)]
-    clock.now = 202.0
-    time.sleep(0.1)
-  assert calls == [(5, 101.0), (5, 202.0)]
-
-
-def test_a_signal_ends_a_stall_without_waiting_for_the_timeout():
-  # A signal asks for a checkpoint: a loop without a new step for
-  # `SIGNAL_SECONDS` (or twice its slowest step) waits for a batch, and the
-  # watch ends the wait; not before the first step (the loop may trace).
-  clock, step, signalled, calls = _Clock(), [None], [False], []
-  runtime = trainer.RuntimeConfig(data_service="grpc://127.0.0.1:5050")
-  watch = data_service.StallWatch(
-      runtime, lambda: step[0], lambda *args: calls.append(("timeout",) + args),
-      seconds=60, poll_seconds=0.01, clock=clock,
-      workers_fn=lambda address: ["127.0.0.1:5051"],
-      signalled_fn=lambda: signalled[0],
-      on_signal=lambda *args: calls.append(("signal",) + args) or (
-          len(calls) > 1))
-  with watch:
-    step[0] = 0  # The first loop begins: it traces.
-    signalled[0] = True
-    clock.now = 10.0
-    time.sleep(0.1)
-    assert not calls  # Before the first step.
-    step[0] = 100  # Trained, at the first step's pace.
-    time.sleep(0.1)
-    clock.now = 13.0
-    step[0] = 130  # 3 s without a new step: the slowest step so far.
-    time.sleep(0.1)
-    clock.now = 18.5
-    time.sleep(0.1)
-    assert not calls  # Within twice the slowest step.
-    clock.now = 19.5
-    time.sleep(0.1)
-    # The batch came during the save: the wait starts again.
-    assert calls == [("signal", 130, 6.5, (
-        "the dispatcher at grpc://127.0.0.1:5050 has worker(s) "
-        "127.0.0.1:5051, which send none"))]
-    clock.now = 25.0
-    time.sleep(0.1)
-    assert len(calls) == 1
-    clock.now = 26.0
-    time.sleep(0.1)
-  assert [call[:3] for call in calls] == [("signal", 130, 6.5),
-                                          ("signal", 130, 6.5)]
 
 
 def _restart_dispatcher_mid_run(tmp_path, *dispatcher_args):
@@ -641,7 +444,6 @@ def test_a_new_worker_lets_a_waiting_run_go_on(tmp_path, address):
       server.stop()
   assert returncode == 0, run.stderr[-3000:]
   assert helpers.checkpoint_step(str(tmp_path / "run")) == 600
-
 
 
 @pytest.mark.slow

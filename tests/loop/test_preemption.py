@@ -9,7 +9,9 @@ import time
 import pytest
 
 import helpers
+from trainer import errors
 from trainer.loop import preemption
+from trainer.loop import preemption_lines
 
 DIGITS = ["--gin_file=gin/digits.gin", "--gin_param=runtime.deterministic=True",
           "--gin_param=trainer.steps_per_loop=10",
@@ -84,3 +86,25 @@ def test_watcher_records_a_signal_and_restores_handlers():
     assert watcher.received
     assert watcher.agreed(None)
   assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_stop_for_sigusr1_requeues_through_the_function_given():
+  # The scheduler is the caller's (the command line passes SLURM's): the
+  # requeue is made once the process is sure to exit, by the chief.
+  calls = []
+
+  def requeue(is_chief):
+    calls.append(is_chief)
+    return "job 9 requeued"
+
+  stop = errors.Preempted(100, 42, requeue=True, is_chief=False)
+  line = preemption_lines.exit_line(stop, requeue)
+  assert not calls
+  assert line() == (
+      "preempted at step 100 by SIGUSR1 (the time limit is near): "
+      "checkpoint saved; job 9 requeued, to resume from step 100 (exit code "
+      "42)")
+  assert calls == [False]
+  plain = errors.Preempted(100, 42)
+  assert preemption_lines.exit_line(plain, requeue) == str(plain)
+  assert calls == [False]

@@ -10,6 +10,7 @@ import tf_keras
 
 import trainer
 from trainer import experiment
+from trainer.storage import checkpoint_verify
 from trainer.storage import checkpoints
 
 import helpers
@@ -148,14 +149,14 @@ def test_verify_reads_only_what_a_restore_of_its_roots_reads(tmp_path):
   helpers.flip_tensor(prefix, "model/layer_with_weights-0/kernel/.OPTIMIZER_SLOT/"
                "optimizer/v/.ATTRIBUTES/VARIABLE_VALUE")
   # An evaluation restores no optimizer, so reads none of its slots.
-  checkpoints.verify(prefix, {"model", "global_step"})
+  checkpoint_verify.verify(prefix, {"model", "global_step"})
   with pytest.raises(tf.errors.DataLossError,
                      match=r"^model/layer_with_weights-0/kernel/"
                      r"\.OPTIMIZER_SLOT/optimizer/v in shard 0 \(128 bytes\): "
                      r"Checksum does not match"):
-    checkpoints.verify(prefix, {"model", "global_step", "optimizer"})
+    checkpoint_verify.verify(prefix, {"model", "global_step", "optimizer"})
   with pytest.raises(tf.errors.DataLossError, match="OPTIMIZER_SLOT"):
-    checkpoints.verify(prefix)
+    checkpoint_verify.verify(prefix)
 
 
 def test_no_restorable_checkpoint_is_one_error_and_deletes_nothing(tmp_path):

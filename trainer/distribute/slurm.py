@@ -201,15 +201,7 @@ def read_step(environ: Mapping[str, str] = os.environ) -> Optional[Step]:
   """
   if job_id(environ) is None or "SLURM_STEP_NUM_TASKS" not in environ:
     return None
-  values = {}
-  for name in ("SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE",
-               "SLURMD_NODENAME", "SLURM_LOCALID", "SLURM_PROCID",
-               "SLURM_STEP_NUM_TASKS"):
-    if not environ.get(name, "").strip():
-      raise errors.ConfigError(
-          f"{name} is not set in this SLURM step (job {job_id(environ)}): "
-          "run the command with srun, which sets it.")
-    values[name] = environ[name].strip()
+  values = _step_variables(environ)
   try:
     hosts = expand_hostlist(values["SLURM_STEP_NODELIST"])
   except ValueError as e:
@@ -236,15 +228,51 @@ def read_step(environ: Mapping[str, str] = os.environ) -> Optional[Step]:
               tasks_per_node=tuple(tasks), node=values["SLURMD_NODENAME"],
               local_id=numbers["SLURM_LOCALID"],
               proc_id=numbers["SLURM_PROCID"])
+  _check_consistent(step, values["SLURM_STEP_TASKS_PER_NODE"],
+                    numbers["SLURM_STEP_NUM_TASKS"])
+  return step
+
+
+def _step_variables(environ: Mapping[str, str]) -> Dict[str, str]:
+  """The variables `srun` sets that a step is read from, stripped.
+
+  Raises:
+    errors.ConfigError: Naming the first one that is not set.
+  """
+  values = {}
+  for name in ("SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE",
+               "SLURMD_NODENAME", "SLURM_LOCALID", "SLURM_PROCID",
+               "SLURM_STEP_NUM_TASKS"):
+    if not environ.get(name, "").strip():
+      raise errors.ConfigError(
+          f"{name} is not set in this SLURM step (job {job_id(environ)}): "
+          "run the command with srun, which sets it.")
+    values[name] = environ[name].strip()
+  return values
+
+
+def _check_consistent(step: Step, tasks_per_node: str,
+                      num_tasks: int) -> None:
+  """Checks that the step's variables describe one step, this task in it.
+
+  Args:
+    step: The step read.
+    tasks_per_node: `SLURM_STEP_TASKS_PER_NODE` as SLURM wrote it.
+    num_tasks: `SLURM_STEP_NUM_TASKS`.
+
+  Raises:
+    errors.ConfigError: Naming the variables that disagree.
+  """
+  hosts, tasks = step.hosts, step.tasks_per_node
   if len(hosts) != len(tasks) or len(set(hosts)) != len(hosts):
     raise errors.ConfigError(
         f"SLURM_STEP_NODELIST ({step.nodelist!r}: {len(hosts)} node(s)) and "
-        f"SLURM_STEP_TASKS_PER_NODE ({values['SLURM_STEP_TASKS_PER_NODE']!r}:"
+        f"SLURM_STEP_TASKS_PER_NODE ({tasks_per_node!r}:"
         f" {len(tasks)} count(s)) do not describe the same distinct nodes.")
-  if step.num_tasks != numbers["SLURM_STEP_NUM_TASKS"]:
+  if step.num_tasks != num_tasks:
     raise errors.ConfigError(
         f"SLURM_STEP_TASKS_PER_NODE adds up to {step.num_tasks} tasks, "
-        f"SLURM_STEP_NUM_TASKS says {numbers['SLURM_STEP_NUM_TASKS']}.")
+        f"SLURM_STEP_NUM_TASKS says {num_tasks}.")
   if step.node not in hosts:
     raise errors.ConfigError(
         f"this node, SLURMD_NODENAME ({step.node!r}), is not in "
@@ -254,7 +282,6 @@ def read_step(environ: Mapping[str, str] = os.environ) -> Optional[Step]:
         f"SLURM_LOCALID ({step.local_id}) is not below the "
         f"{step.local_tasks} task(s) SLURM_STEP_TASKS_PER_NODE gives node "
         f"{step.node}.")
-  return step
 
 
 def port_base(step: Step, configured: Optional[int]) -> int:

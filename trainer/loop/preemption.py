@@ -16,9 +16,10 @@ when, keeping the checkpoints already saved (a save is written to
 interrupted save is never restored). A loop known to wait for input that
 does not come (the tf.data service's stall watch, `trainer.data_service`)
 is not waited for: the step it reached is saved while it waits, and the
-process exits with the same code (`end_waiting`). Outside training
-(start-up, the final evaluation and export, the eval modes) nothing waits:
-the process exits at once.
+process exits with the same code (`PreemptionWatcher.end_waiting`). Outside
+training (start-up, the final evaluation and export, the eval modes)
+nothing waits: the process exits at once. Its lines are in
+`preemption_lines`.
 
 Python runs a signal handler only when the main thread returns to bytecode,
 never while it waits inside TensorFlow (a step, an input blocked in a
@@ -35,23 +36,25 @@ several workers the watcher here has them agree through one all-reduce.
 
 SIGUSR1 is SLURM's warning before a job's time limit (`#SBATCH
 --signal=USR1@90`): it saves like SIGTERM, and then the chief requeues the
-job (`trainer.distribute.slurm.requeue`) so that it resumes when SLURM starts it again.
-Before training it waits for the first loop (a job always gets somewhere);
-in a task that does not train (a parameter server, an evaluator) it changes
-nothing: the chief's requeue stops every task.
+job so that it resumes when SLURM starts it again. Before training it waits
+for the first loop (a job always gets somewhere); in a task that does not
+train (a parameter server, an evaluator) it changes nothing: the chief's
+requeue stops every task. This module knows no scheduler: the requeue is a
+`RequeueFn` its caller passes in (the command line passes SLURM's,
+`trainer.distribute.slurm.requeue_outcome`).
 """
 
 import contextlib
 import signal
 import threading
 import time
-from typing import Callable, Iterator, Optional, Tuple, Union
+from typing import Callable, Iterator, Optional, Tuple
 
 import tensorflow as tf
 
 from trainer import console
 from trainer import errors
-from trainer.distribute import slurm
+from trainer.loop import preemption_lines as lines
 
 REQUEUE_SIGNAL = signal.SIGUSR1
 SIGNALS = (signal.SIGTERM, signal.SIGINT, REQUEUE_SIGNAL)
@@ -63,8 +66,9 @@ DUPLICATE_SECONDS = 1.0
 
 # The step reached and the newest checkpoint's step (None: none yet).
 Progress = Tuple[int, Optional[int]]
-
-_receiver: Optional["Receiver"] = None
+# Requeues the job after a stop for SIGUSR1 where the process is the chief
+# (its argument) and returns what became of the job, for the exit line.
+RequeueFn = Callable[[bool], str]
 
 
 def block_signals() -> None:
@@ -77,82 +81,42 @@ def block_signals() -> None:
   signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
 
 
-def start_receiver(exit_fn: Callable[..., None]) -> "Receiver":
+def start_receiver(exit_fn: Callable[..., None],
+                   requeue_fn: RequeueFn) -> "Receiver":
   """Blocks SIGTERM, SIGINT and SIGUSR1 and receives them on a daemon thread.
+
+  Call it once per process, and give the receiver to the watcher of each
+  run (`PreemptionWatcher(receiver=...)`).
 
   Args:
     exit_fn: Called as `exit_fn(line, exit_code, asked=False)` to end the
       process at once (`asked`: the user asked for the stop, with SIGINT);
       it must not return.
+    requeue_fn: Requeues the job after a stop for SIGUSR1.
 
   Returns:
-    The process's receiver (the same one on a second call).
+    The receiver, serving.
   """
-  global _receiver
-  if _receiver is None:
-    block_signals()
-    _receiver = Receiver(exit_fn)
-    threading.Thread(target=_receiver.serve, name="signal-receiver",
-                     daemon=True).start()
-  return _receiver
-
-
-def end_process(line: str, exit_code: int = 1) -> bool:
-  """Ends the process with `line`, as a signal outside training does, from
-  any thread (a loop blocked inside TensorFlow cannot be stopped otherwise).
-
-  Returns:
-    False without a receiver (the library run in-process): then `line` is
-    only warned about.
-  """
-  if _receiver is None:
-    console.warning(line)
-    return False
-  _receiver.exit(line, exit_code)
-  return True
-
-
-def end_waiting(reason: str) -> bool:
-  """Ends the process for the signal that asked for a checkpoint, without
-  waiting for a loop that waits for input which does not come (the tf.data
-  service with no worker): call it once the step reached is saved while
-  the loop waits. The line says the step reached, `reason`, and which
-  checkpoint was saved when, as the grace period's end does.
-
-  Returns:
-    False without a receiver (the library run in-process, where a signal
-    is not seen while the loop waits inside TensorFlow).
-  """
-  if _receiver is None:
-    return False
-  _receiver.end_waiting(reason)
-  return True
-
-
-def exit_line(error: errors.Preempted) -> Union[str, Callable[[], str]]:
-  """The line a process stopped by `error` exits with: a function where the
-  stop asks for a SLURM requeue, which it makes (in the chief) when called."""
-  if error.requeue:
-    return lambda: error.line(slurm.requeue_outcome(error.is_chief))
-  return str(error)
-
-
-def _name(signum: int) -> str:
-  return signal.Signals(signum).name
+  block_signals()
+  receiver = Receiver(exit_fn, requeue_fn)
+  threading.Thread(target=receiver.serve, name="signal-receiver",
+                   daemon=True).start()
+  return receiver
 
 
 class PreemptionWatcher:
   """Records SIGTERM/SIGINT for the controller; a context manager.
 
-  Entered, it attaches to the process's `Receiver`, or else installs Python
-  handlers. The controller opens `armed()` windows where a signal asks for a
-  checkpoint; `progress_fn` gives the step reached for the line printed if
-  the process must exit without one.
+  Entered, it attaches to the process's `Receiver` where it is given one,
+  or else installs Python handlers. The controller opens `armed()` windows
+  where a signal asks for a checkpoint; `progress_fn` gives the step
+  reached for the line printed if the process must exit without one.
   """
 
   def __init__(self, exit_code: int = DEFAULT_EXIT_CODE,
                num_workers: int = 1, is_chief: bool = True,
-               progress_fn: Optional[Callable[[], Optional[Progress]]] = None):
+               progress_fn: Optional[Callable[[], Optional[Progress]]] = None,
+               receiver: Optional["Receiver"] = None):
     """Creates a watcher.
 
     Args:
@@ -162,6 +126,8 @@ class PreemptionWatcher:
       progress_fn: Returns the step reached and the newest checkpoint's step
         (None: none), or None before training has a step (the controller's
         `progress`); called from the signal thread.
+      receiver: The process's receiver (`start_receiver`); None where the
+        library runs in-process.
     """
     self.exit_code = exit_code
     self.num_workers = num_workers
@@ -174,13 +140,14 @@ class PreemptionWatcher:
     self._armed = 0
     self._trained = False
     self._progress_fn = progress_fn
+    self._receiver = receiver
     # Set once a checkpoint is saved for a signal: the process is on its way
     # out with this error's line.
     self.stopping: Optional[errors.Preempted] = None
 
   def __enter__(self) -> "PreemptionWatcher":
-    if _receiver is not None:
-      _receiver.attach(self)
+    if self._receiver is not None:
+      self._receiver.attach(self)
       return self
     for signum in SIGNALS:
       try:
@@ -199,8 +166,7 @@ class PreemptionWatcher:
     self.defer(signum)
     # The next one is handled as if no watcher were installed.
     signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
-    console.warning(f"received {_name(signum)}: saving a checkpoint after "
-                    "this loop")
+    console.warning(lines.saving_after_loop(signum))
 
   @contextlib.contextmanager
   def armed(self) -> Iterator[None]:
@@ -237,6 +203,37 @@ class PreemptionWatcher:
     if self._first_received is None:
       self._first_received = signum
     return self.is_armed
+
+  def end_process(self, line: str, exit_code: int = 1) -> bool:
+    """Ends the process with `line`, as a signal outside training does, from
+    any thread (a loop blocked inside TensorFlow cannot be stopped
+    otherwise).
+
+    Returns:
+      False without a receiver (the library run in-process): then `line` is
+      only warned about.
+    """
+    if self._receiver is None:
+      console.warning(line)
+      return False
+    self._receiver.exit(line, exit_code)
+    return True
+
+  def end_waiting(self, reason: str) -> bool:
+    """Ends the process for the signal that asked for a checkpoint, without
+    waiting for a loop that waits for input which does not come (the
+    tf.data service with no worker): call it once the step reached is saved
+    while the loop waits. The line says the step reached, `reason`, and
+    which checkpoint was saved when, as the grace period's end does.
+
+    Returns:
+      False without a receiver (the library run in-process, where a signal
+      is not seen while the loop waits inside TensorFlow).
+    """
+    if self._receiver is None:
+      return False
+    self._receiver.end_waiting(reason)
+    return True
 
   def progress(self) -> Optional[Progress]:
     """The step reached and the newest checkpoint's step, or None where
@@ -284,7 +281,7 @@ class Receiver:
   of the configuration).
   """
 
-  def __init__(self, exit_fn: Callable[..., None],
+  def __init__(self, exit_fn: Callable[..., None], requeue_fn: RequeueFn,
                clock: Callable[[], float] = time.monotonic):
     """Creates a receiver; `serve` runs it.
 
@@ -292,9 +289,11 @@ class Receiver:
       exit_fn: Ends the process: `exit_fn(line, exit_code, asked=False)`;
         `line` may be a function returning it, called once the process is
         sure to exit; `asked` says the user asked for the stop (SIGINT).
+      requeue_fn: Requeues the job after a stop for SIGUSR1.
       clock: Seconds, for the grace period.
     """
     self._exit_fn = exit_fn
+    self._requeue_fn = requeue_fn
     self._clock = clock
     self._exit_code = DEFAULT_EXIT_CODE
     self._grace_seconds = DEFAULT_GRACE_SECONDS
@@ -342,7 +341,7 @@ class Receiver:
       self._exit_now(self._first)
     if self._pending_requeue and not training:
       self._pending_requeue = False
-      self._not_training()
+      console.warning(lines.REQUEUE_NOT_TRAINING)
 
   def serve(self) -> None:
     """Receives signals until the process ends."""
@@ -370,15 +369,13 @@ class Receiver:
       if stopping is not None:
         # Saved already: the SIGTERM a chief's requeue sends every task (or
         # an impatient second Ctrl-C) ends the process with the same line.
-        self._exit_fn(exit_line(stopping), stopping.exit_code,
-                      asked=stopping.asked)
+        self._exit_fn(lines.exit_line(stopping, self._requeue_fn),
+                      stopping.exit_code, asked=stopping.asked)
         return
       if not self._configured:
         self._exit_now(self._first)
       else:
-        self._exit_fn(self._forced(
-            f"a second signal ({_name(signum)}) ended it at once"),
-                      self._exit_code, asked=self._asked)
+        self._exit_forced(lines.second_signal(signum))
       return
     self._first, self._first_at = signum, self._clock()
     progress = self._progress()
@@ -389,8 +386,7 @@ class Receiver:
     elif self.watcher is None or not self.watcher.defer(signum):
       self._exit_now(signum)
     else:
-      console.warning(f"received {_name(signum)}: saving a checkpoint after "
-                      "this loop")
+      console.warning(lines.saving_after_loop(signum))
       self._deadline = self._clock() + self._grace_seconds
 
   def _wait_to_requeue(self) -> bool:
@@ -399,7 +395,7 @@ class Receiver:
     Returns whether it did."""
     watcher = self.watcher
     if self._configured and not self._training:
-      self._not_training()
+      console.warning(lines.REQUEUE_NOT_TRAINING)
       return True
     if watcher is not None and (watcher.is_armed or watcher.trained):
       return False  # Saved after this loop, or exits now: like SIGTERM.
@@ -407,29 +403,20 @@ class Receiver:
       watcher.defer(REQUEUE_SIGNAL)
     else:
       self._pending_requeue = True
-    console.warning("received SIGUSR1 before training: saving a checkpoint "
-                    "and requeueing after the first loop")
+    console.warning(lines.REQUEUE_BEFORE_TRAINING)
     return True
-
-  @staticmethod
-  def _not_training() -> None:
-    console.warning("received SIGUSR1: this task does not train; the "
-                    "chief's requeue stops it")
 
   def expire(self) -> None:
     """Ends the process: the grace period after the first signal is over."""
     if not self._configured:
       self._exit_now(self._first)
     else:
-      self._exit_fn(self._forced(
-          f"training did not stop within {self._grace_seconds:g} s of "
-          f"{_name(self._first)} (`trainer.preemption_grace_seconds`)"),
-                    self._exit_code, asked=self._asked)
+      self._exit_forced(lines.grace_over(self._grace_seconds, self._first))
 
   def end_waiting(self, reason: str) -> None:
     """Ends the process during training before the loop comes back, for
-    `reason` (see `end_waiting`)."""
-    self._exit_fn(self._forced(reason), self._exit_code, asked=self._asked)
+    `reason` (see `PreemptionWatcher.end_waiting`)."""
+    self._exit_forced(reason)
 
   def _progress(self) -> Optional[Progress]:
     watcher = self.watcher
@@ -437,54 +424,23 @@ class Receiver:
 
   def _exit_now(self, signum: int) -> None:
     """Exits at once for a signal outside training."""
-    code, name = self._exit_code, _name(signum)
+    code = self._exit_code
     watcher, progress = self.watcher, self._progress()
     if watcher is not None and watcher.trained and progress:
-      saved = (f"preempted by {name} after training: the final checkpoint "
-               f"(step {progress[0]}) is saved")
       if signum == REQUEUE_SIGNAL:
         # Requeued from the exit function, under its lock: the SIGTERM the
         # requeue sends this task cannot print a second line.
-        line = lambda: (f"{saved}; {slurm.requeue_outcome(watcher.is_chief)}"
-                        f", to finish (exit code {code})")
+        line = lambda: lines.after_training(
+            signum, progress[0], code, self._requeue_fn(watcher.is_chief))
       else:
-        line = (f"{saved}; run the same command again to finish (exit code "
-                f"{code})")
-    elif self._training:
-      line = (f"preempted by {name} before training started: nothing to "
-              f"save; run the same command again (exit code {code})")
+        line = lines.after_training(signum, progress[0], code)
     else:
-      line = (f"preempted by {name}: nothing to save; run the same command "
-              f"again (exit code {code})")
+      line = lines.nothing_saved(signum, code, self._training)
     self._exit_fn(line, code, asked=self._asked)
 
-  def _forced(self, reason: str) -> str:
-    """The line for an exit during training, without waiting for it: the
-    step reached, and which checkpoint was saved when."""
-    code, progress = self._exit_code, self._progress()
-    if progress is None:
-      return (f"preempted: {reason}; run the same command again (exit code "
-              f"{code})")
-    step, newest = progress
-    first = _name(self._first)
-    if newest is None:
-      saved = "no checkpoint is saved yet"
-      if step:
-        saved += f"; {_steps(1, step)} not saved"
-      return (f"preempted at step {step}: {reason}; {saved}; run the same "
-              f"command again to start over (exit code {code})")
-    if newest == self._newest_at_signal:
-      saved = f"the checkpoint of step {newest} was saved before {first}"
-    else:
-      saved = f"the checkpoint of step {newest} was saved for {first}"
-    if step > newest:
-      saved += f"; {_steps(newest + 1, step)} not saved"
-    return (f"preempted at step {step}: {reason}; {saved}; run the same "
-            f"command again to resume from step {newest} (exit code {code})")
-
-
-def _steps(first: int, last: int) -> str:
-  """`step 7 is` or `steps 501-507 are`."""
-  if first == last:
-    return f"step {first} is"
-  return f"steps {first}-{last} are"
+  def _exit_forced(self, reason: str) -> None:
+    """Exits during training, without waiting for it, saying the step
+    reached, and which checkpoint was saved when."""
+    self._exit_fn(lines.forced(reason, self._exit_code, self._progress(),
+                               self._first, self._newest_at_signal),
+                  self._exit_code, asked=self._asked)

@@ -323,6 +323,25 @@ def accumulate_updates(step: Callable[[Any], Any], inputs,
   """
   with _deferring_updates() as updates:
     logs = step(micro_batch(inputs, 0, num_micro_batches))
+  logs, sums = _add_micro_batches(step, inputs, num_micro_batches, logs,
+                                  updates)
+  return logs, _apply_averaged(updates, sums, num_micro_batches)
+
+
+def _add_micro_batches(step: Callable[[Any], Any], inputs,
+                       num_micro_batches: int, logs, updates: List[Update]
+                       ) -> Tuple[Any, List[List[tf.Tensor]]]:
+  """Adds micro-batches 1 to `num_micro_batches - 1` to micro-batch 0's
+  `logs` and `updates`, in a `tf.while_loop`.
+
+  Returns:
+    `(logs, sums)`: the logs, floating-point ones averaged; and per update,
+    the sums of its gradients that are not None, in order.
+
+  Raises:
+    errors.ConfigError: If `step` calls `minimize` differently on another
+      micro-batch.
+  """
   averaged = sorted(
       name for name, value in (logs.items() if isinstance(logs, dict) else ())
       if tf.is_tensor(value) and value.dtype.is_floating)
@@ -355,11 +374,20 @@ def accumulate_updates(step: Callable[[Any], Any], inputs,
         (tf.constant(1), [logs[name] for name in averaged], carried))
     logs = dict(logs, **{name: total / num_micro_batches
                          for name, total in zip(averaged, log_sums)})
+  return logs, carried
+
+
+def _apply_averaged(updates: List[Update], sums: List[List[tf.Tensor]],
+                    num_micro_batches: int) -> Dict[int, Any]:
+  """Applies each update's gradient sums divided by `num_micro_batches`,
+  clipped with its options; returns by `id(optimizer)` the global norm of
+  the applied gradient before clipping."""
   scale = 1.0 / num_micro_batches
   norms = {}
-  for update, sums in zip(updates, carried):
+  for update, update_sums in zip(updates, sums):
     grads = _in_place_of_present(
-        update.grads, [total * tf.cast(scale, total.dtype) for total in sums])
+        update.grads,
+        [total * tf.cast(scale, total.dtype) for total in update_sums])
     norms[id(update.optimizer)] = clip_and_apply(
         update.optimizer, grads, update.variables, update.options)
-  return logs, norms
+  return norms

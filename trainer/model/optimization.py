@@ -182,19 +182,8 @@ def learning_rate_factor(schedule: ScheduleConfig,
   return global_batch_size / schedule.reference_batch_size
 
 
-def optimization_params(optimizer: OptimizerConfig, schedule: ScheduleConfig,
-                        train_steps: int) -> Dict[str, Any]:
-  """Returns Model Garden's `OptimizationConfig` parameters for our configs.
-
-  Args:
-    optimizer: Which optimizer.
-    schedule: Which schedule.
-    train_steps: The run's last step; the default decay length ends there.
-
-  Raises:
-    errors.ConfigError: If the schedule does not fit in `train_steps`.
-  """
-  peak = optimizer.learning_rate
+def _optimizer_settings(optimizer: OptimizerConfig) -> Dict[str, Any]:
+  """The optimizer's settings under Model Garden's names."""
   settings = {_MODEL_GARDEN_NAMES.get(name, name): getattr(optimizer, name)
               for name in OPTIMIZERS[optimizer.name]
               if getattr(optimizer, name) is not None}
@@ -204,7 +193,16 @@ def optimization_params(optimizer: OptimizerConfig, schedule: ScheduleConfig,
   if optimizer.name == "adamw":
     settings["gradient_clip_norm"] = 0.0  # The training step clips.
   settings.update(optimizer.options)
+  return settings
 
+
+def _rate_params(schedule: ScheduleConfig, peak: float,
+                 train_steps: int) -> Dict[str, Any]:
+  """The schedule's parameters under Model Garden's names, from `peak`.
+
+  Raises:
+    errors.ConfigError: If the warm-up leaves no step to decay.
+  """
   warmup = schedule.warmup_steps
   decay_steps = schedule.decay_steps or train_steps - warmup
   if schedule.schedule not in ("constant", "stepwise"):
@@ -213,7 +211,7 @@ def optimization_params(optimizer: OptimizerConfig, schedule: ScheduleConfig,
         f"`learning_rate.warmup_steps` ({warmup}) leaves no step to decay "
         f"in `trainer.train_steps` ({train_steps}).")
   end = schedule.end_learning_rate
-  rate = {
+  return {
       "constant": lambda: {"learning_rate": peak},
       "stepwise": lambda: {
           "boundaries": list(schedule.boundaries),
@@ -237,15 +235,31 @@ def optimization_params(optimizer: OptimizerConfig, schedule: ScheduleConfig,
                               "decay_rate": schedule.decay_rate,
                               "offset": warmup},
   }[schedule.schedule]()
+
+
+def optimization_params(optimizer: OptimizerConfig, schedule: ScheduleConfig,
+                        train_steps: int) -> Dict[str, Any]:
+  """Returns Model Garden's `OptimizationConfig` parameters for our configs.
+
+  Args:
+    optimizer: Which optimizer.
+    schedule: Which schedule.
+    train_steps: The run's last step; the default decay length ends there.
+
+  Raises:
+    errors.ConfigError: If the schedule does not fit in `train_steps`.
+  """
+  settings = _optimizer_settings(optimizer)
+  rate = _rate_params(schedule, optimizer.learning_rate, train_steps)
   rate_type = {"linear": "polynomial"}.get(schedule.schedule,
                                            schedule.schedule)
   params = {
       "optimizer": {"type": optimizer.name, optimizer.name: settings},
       "learning_rate": {"type": rate_type, rate_type: rate},
   }
-  if warmup:
+  if schedule.warmup_steps:
     params["warmup"] = {"type": "linear", "linear": {
-        "warmup_steps": warmup,
+        "warmup_steps": schedule.warmup_steps,
         "warmup_learning_rate": schedule.warmup_learning_rate}}
   return params
 

@@ -66,6 +66,71 @@ def _precision(runtime) -> str:
   return "mixed bfloat16" if dtype == "bfloat16" else "float32"
 
 
+def _origin(restored_path: Optional[str], step: int, training: bool) -> str:
+  """Where the run starts: new, resumed, or the checkpoint evaluated."""
+  if restored_path and not training:
+    return f"evaluating {os.path.basename(restored_path)}"
+  if restored_path:
+    return f"resuming from {os.path.basename(restored_path)}, step {step}"
+  if training:
+    return "new" if step == 0 else f"at step {step}"
+  return "no checkpoint yet"
+
+
+def _where(strategy: tf.distribute.Strategy, runtime,
+           num_workers: int) -> str:
+  """The strategy and where its replicas are: `mirrored, 2 replicas
+  (CPU:0, CPU:1)`."""
+  replicas = strategy.num_replicas_in_sync
+  where = f"{replicas} replica{'s' if replicas != 1 else ''}"
+  if num_workers > 1:
+    where += f" on {num_workers} workers"
+  devices = _device_names(strategy)
+  if devices and num_workers == 1:
+    where += f" ({devices})"
+  name = runtime.distribution_strategy
+  if name == "default":  # TensorFlow's no-op strategy: its default device.
+    name = "default strategy"
+    gpus = tf.config.list_logical_devices("GPU")
+    where += f" ({'GPU:0' if gpus else 'CPU'})"
+  return f"{name}, {where}"
+
+
+def _setup(strategy: tf.distribute.Strategy, runtime, config,
+           num_workers: int, training: bool) -> List[str]:
+  """How the run computes: strategy and replicas, batch, precision."""
+  parts = [_where(strategy, runtime, num_workers)]
+  if training:
+    batch = config.global_batch_size
+    replicas = max(strategy.num_replicas_in_sync, 1)
+    batch_text = f"batch {batch}, {batch // replicas} per replica"
+    if config.gradient_accumulation_steps > 1:
+      batch_text += (f" in {config.gradient_accumulation_steps} "
+                     "micro-batches")
+    parts.append(batch_text)
+  parts.append(_precision(runtime))
+  if runtime.enable_xla:
+    parts.append("XLA")
+  if runtime.run_eagerly:
+    parts.append("eager")
+  return parts
+
+
+def _plan(config, model_dir: str, training: bool,
+          evaluating: bool) -> List[str]:
+  """What the run will do, and where to watch it."""
+  plan = []
+  if training:
+    plan.append(f"to step {config.train_steps}")
+    if evaluating and 0 < config.validation_interval < config.train_steps:
+      plan[-1] += (f", evaluating every {config.validation_interval} steps "
+                   "and at the end")
+    elif evaluating:
+      plan[-1] += ", evaluating at the end"
+  plan.append(f"tensorboard --logdir {model_dir}")
+  return plan
+
+
 def header(*, task_name: str, mode: str, model_dir: str,
            strategy: tf.distribute.Strategy, runtime, config,
            num_workers: int, restored_path: Optional[str], step: int,
@@ -91,51 +156,13 @@ def header(*, task_name: str, mode: str, model_dir: str,
       over the replica's batch trains, on N replicas, with N times the
       gradient).
   """
-  if restored_path and not training:
-    origin = f"evaluating {os.path.basename(restored_path)}"
-  elif restored_path:
-    origin = f"resuming from {os.path.basename(restored_path)}, step {step}"
-  elif training:
-    origin = "new" if step == 0 else f"at step {step}"
-  else:
-    origin = "no checkpoint yet"
-  lines = [f"run | {task_name}, {mode} in {model_dir}: {origin}"]
+  lines = [f"run | {task_name}, {mode} in {model_dir}: "
+           f"{_origin(restored_path, step, training)}",
+           "run | " + " | ".join(_setup(strategy, runtime, config,
+                                        num_workers, training)),
+           "run | " + " | ".join(_plan(config, model_dir, training,
+                                       evaluating))]
   replicas = strategy.num_replicas_in_sync
-  where = f"{replicas} replica{'s' if replicas != 1 else ''}"
-  if num_workers > 1:
-    where += f" on {num_workers} workers"
-  devices = _device_names(strategy)
-  if devices and num_workers == 1:
-    where += f" ({devices})"
-  name = runtime.distribution_strategy
-  if name == "default":  # TensorFlow's no-op strategy: its default device.
-    name = "default strategy"
-    gpus = tf.config.list_logical_devices("GPU")
-    where += f" ({'GPU:0' if gpus else 'CPU'})"
-  parts = [f"{name}, {where}"]
-  if training:
-    batch = config.global_batch_size
-    batch_text = f"batch {batch}, {batch // max(replicas, 1)} per replica"
-    if config.gradient_accumulation_steps > 1:
-      batch_text += (f" in {config.gradient_accumulation_steps} "
-                     "micro-batches")
-    parts.append(batch_text)
-  parts.append(_precision(runtime))
-  if runtime.enable_xla:
-    parts.append("XLA")
-  if runtime.run_eagerly:
-    parts.append("eager")
-  lines.append("run | " + " | ".join(parts))
-  plan = []
-  if training:
-    plan.append(f"to step {config.train_steps}")
-    if evaluating and 0 < config.validation_interval < config.train_steps:
-      plan[-1] += (f", evaluating every {config.validation_interval} steps "
-                   "and at the end")
-    elif evaluating:
-      plan[-1] += ", evaluating at the end"
-  plan.append(f"tensorboard --logdir {model_dir}")
-  lines.append("run | " + " | ".join(plan))
   if (unchecked_train_step and training and replicas > 1 and
       not restored_path):
     lines.append(

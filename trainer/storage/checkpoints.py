@@ -5,28 +5,22 @@ if it is damaged; measured on this stack, a truncated file raises
 `IndexError`, flipped bytes `DataLossError`, a missing data file an
 `OpError`. `restore` then falls back to the next newest, leaving the damaged
 one on disk for inspection, renamed (the resumed run saves the same step
-again): nothing is deleted because a newer one is bad.
-
-A restore reads optimizer slots (and whatever else a first step creates)
-only when they are created: flipped bytes there would fail the first step,
-after the restore, and fail it again on every rerun. So `verify` reads
-every tensor a restore will read first, which checks every checksum
-(measured: 11 to 36 ms for the 3.9 MB checkpoint of the three-model GAN),
-and damage anywhere makes the checkpoint one to fall back from.
+again): nothing is deleted because a newer one is bad. Damage is found,
+and the damaged files set aside, by `checkpoint_verify`.
 """
 
 import collections
 import collections.abc
-import math
 import os
 import re
 import shutil
-from typing import Callable, Collection, List, Optional, Sequence, Set
+from typing import Callable, List, Optional, Sequence, Set
 
 import tensorflow as tf
 
 from trainer import console
 from trainer import errors
+from trainer.storage import checkpoint_verify
 from trainer.storage import files
 
 
@@ -264,20 +258,10 @@ def restore(manager: tf.train.CheckpointManager,
             "several workers, the tf.data service): the training input "
             "starts from its first batch")
       if failures:
-        kept = [_set_aside(failure) if owned else None
-                for failure in failures]
-        named = [os.path.basename(failure) + (
-            f" (kept as {os.path.basename(aside)})" if aside else "")
-                 for failure, aside in zip(failures, kept)]
-        console.info(f"checkpoint | restored {candidate} instead of the "
-                     f"damaged {', '.join(named)}")
+        _say_restored_instead(candidate, failures, owned)
       return candidate
     except Exception as e:  # pylint: disable=broad-except
-      mismatch = _missing_models(manager.checkpoint, candidate) or _mismatch(e)
-      if mismatch:
-        raise errors.ConfigError(
-            f"checkpoint {candidate} does not fit this model: {mismatch}."
-        ) from e
+      _raise_if_another_models(manager.checkpoint, candidate, e)
       first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
       console.info(f"checkpoint | cannot restore {candidate} "
                    f"({type(e).__name__}: {first_line[:200]})")
@@ -287,95 +271,35 @@ def restore(manager: tf.train.CheckpointManager,
       f"(tried {', '.join(os.path.basename(f) for f in failures)}).")
 
 
-# What the prefix of a checkpoint that could not be restored gets.
-DAMAGED = "-damaged"
+def _say_restored_instead(restored: str, failures: List[str],
+                          owned: bool) -> None:
+  """Says which damaged checkpoints `restored` was restored instead of,
+  setting their files aside where the run saves here (`owned`)."""
+  kept = [checkpoint_verify.set_aside(failure) if owned else None
+          for failure in failures]
+  named = [os.path.basename(failure) + (
+      f" (kept as {os.path.basename(aside)})" if aside else "")
+           for failure, aside in zip(failures, kept)]
+  console.info(f"checkpoint | restored {restored} instead of the "
+               f"damaged {', '.join(named)}")
 
 
-def _set_aside(prefix: str) -> Optional[str]:
-  """Renames the files of the damaged checkpoint `prefix` to `<prefix>` +
-  `DAMAGED`, where the save of the same step, which a run that fell back
-  makes again, does not overwrite them and no cleanup deletes them.
+def _raise_if_another_models(checkpoint: tf.train.Checkpoint, path: str,
+                             error: Exception) -> None:
+  """Raises where `path` failed to restore (`error`) because it is another
+  model's: no older checkpoint of the same directory would fit either.
 
-  Returns:
-    The new prefix; None if there were no files or that name is taken.
+  Raises:
+    errors.ConfigError: Naming what does not fit.
   """
-  target = prefix + DAMAGED
-  found = tf.io.gfile.glob(prefix + ".*")
-  if not found or tf.io.gfile.glob(target + ".*"):
-    return None
-  for path in found:
-    tf.io.gfile.rename(path, target + path[len(prefix):])
-  return target
+  mismatch = _missing_models(checkpoint, path) or _mismatch(error)
+  if mismatch:
+    raise errors.ConfigError(
+        f"checkpoint {path} does not fit this model: {mismatch}.") from error
 
 
 # The name under which a checkpoint holds the training input's iterator.
 INPUT_POSITION = "train_iterator"
-
-# Bytes of tensors `verify` reads at once: the memory it takes at most.
-_VERIFY_BYTES = 64 << 20
-# What a checkpoint's key says after a variable's path.
-_VALUE_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
-
-
-def _restores(name: str, roots: Collection[str]) -> bool:
-  """Whether a restore of the objects `roots` reads the tensor `name`: its
-  path, and the optimizer's path of a slot, start at one of them."""
-  return all(part.split("/")[0] in roots
-             for part in name.split("/.OPTIMIZER_SLOT/"))
-
-
-def verify(path: str, roots: Optional[Collection[str]] = None) -> None:
-  """Reads the tensors of checkpoint `path` that a restore of `roots` reads.
-
-  Reading a tensor checks its checksum, which a restore otherwise does for
-  an optimizer slot only once the first step creates it.
-
-  Args:
-    path: A checkpoint prefix.
-    roots: The names of the objects restored from the checkpoint's root
-      (`model`, `optimizer`...); None for every tensor.
-
-  Raises:
-    tf.errors.DataLossError: If a tensor's bytes do not match their
-      checksum, naming the tensor.
-    tf.errors.OpError: If the checkpoint cannot be read.
-  """
-  reader = tf.train.load_checkpoint(path)
-  dtypes = reader.get_variable_to_dtype_map()
-  shapes = reader.get_variable_to_shape_map()
-  names = sorted(name for name in dtypes
-                 if roots is None or _restores(name, roots))
-  chunks, size = [[]], 0
-  for name in names:
-    # Strings and variants (an iterator's state) count a byte an element.
-    nbytes = max(dtypes[name].size, 1) * math.prod(shapes[name])
-    if chunks[-1] and size + nbytes > _VERIFY_BYTES:
-      chunks.append([])
-      size = 0
-    chunks[-1].append(name)
-    size += nbytes
-  for chunk in chunks:
-    try:
-      _read(path, chunk, dtypes)
-    except tf.errors.DataLossError:
-      for name in chunk:  # Which one: read one at a time.
-        try:
-          _read(path, [name], dtypes)
-        except tf.errors.DataLossError as e:
-          said = re.sub(r"TensorBundle at \S+ shard (\d+)", r"in shard \1",
-                        e.message.split("}} ")[-1].split(" [Op:")[0])
-          raise tf.errors.DataLossError(
-              None, None, f"{name.removesuffix(_VALUE_SUFFIX)} {said}") from e
-      raise
-
-
-def _read(path: str, names: List[str], dtypes) -> None:
-  """Reads the tensors `names` of checkpoint `path` (whatever their type:
-  the Python reader cannot read an iterator's variant state)."""
-  if names:
-    tf.raw_ops.RestoreV2(prefix=path, tensor_names=names,
-                         shape_and_slices=[""] * len(names),
-                         dtypes=[dtypes[name] for name in names])
 
 
 def _restore_one(checkpoint: tf.train.Checkpoint, path: str,
@@ -399,8 +323,9 @@ def _restore_one(checkpoint: tf.train.Checkpoint, path: str,
         if name not in (INPUT_POSITION, "save_counter")})
   # Damage in what is read late (optimizer slots) is found now, while the
   # one before can still be restored instead.
-  verify(path, {"_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter",
-                *checkpoint._trackable_children()})  # pylint: disable=protected-access
+  checkpoint_verify.verify(path, {"_CHECKPOINTABLE_OBJECT_GRAPH",
+                                  "save_counter",
+                                  *checkpoint._trackable_children()})  # pylint: disable=protected-access
   status = checkpoint.restore(path)
   # Marked first: a status that fails the check below would otherwise log
   # every value it left unread when it is collected (at exit, say).
