@@ -9,7 +9,6 @@ from trainer.data import service as data_service
 from trainer.loop import job_retry
 
 
-
 def _lost(step: int) -> str:
   return f"warning | {data_service.new_job_line(step)}"
 
