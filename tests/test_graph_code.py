@@ -10,7 +10,9 @@ import tf_keras
 import trainer
 from trainer import experiment
 from trainer import graph_code
+from trainer.loop import first_step_check
 from trainer.loop import runners
+from trainer.loop import summary_window
 from trainer.model import gradients
 from trainer.model import task as task_lib
 
@@ -80,7 +82,9 @@ def test_hooks_and_layers_of_the_user_are_still_converted(tmp_path, strategy):
 
 @pytest.mark.parametrize("function", [
     runners.TaskTrainer.train_step, runners.TaskTrainer._step,
-    runners.TaskTrainer._add_extra_scalars,
+    runners.TaskTrainer._next_batch, summary_window.SummaryWindow.add,
+    summary_window.SummaryWindow._add_extra_scalars,
+    first_step_check.FirstStepCheck.record,
     task_lib.Task.train_step, task_lib.Task.compute_gradients,
     task_lib.Task.process_metrics, helpers.LinearRegression.build_losses,
     gradients.accumulate, gradients.clip_and_apply, gradients.global_norm,

@@ -115,13 +115,19 @@ def run(model_dir: str, evaluate_fn: EvaluateFn, train_steps: int,
     if record.steps and max(record.steps) >= train_steps:
       return output
     if clock() - last_seen > timeout:
-      last = max(record.steps) if record.steps else None
-      raise errors.RunError(
-          f"continuous_eval: no new checkpoint in {model_dir} for "
-          f"{timeout:g} s (`trainer.continuous_eval_timeout`); the last "
-          f"evaluated step is {last}, not `trainer.train_steps` "
-          f"({train_steps}): is the trainer running?")
+      raise _no_new_checkpoint(model_dir, timeout, record.steps, train_steps)
     sleep(poll_seconds)
+
+
+def _no_new_checkpoint(model_dir: str, timeout: float, evaluated: Set[int],
+                       train_steps: int) -> errors.RunError:
+  """The error of an evaluator that waited `timeout` seconds in vain."""
+  last = max(evaluated) if evaluated else None
+  return errors.RunError(
+      f"continuous_eval: no new checkpoint in {model_dir} for "
+      f"{timeout:g} s (`trainer.continuous_eval_timeout`); the last "
+      f"evaluated step is {last}, not `trainer.train_steps` "
+      f"({train_steps}): is the trainer running?")
 
 
 def _evaluate(evaluate_fn: EvaluateFn, prefix: str):

@@ -9,14 +9,13 @@ which it calls around every loop in the order `trainer.loop_hooks` gives.
 
 Everything but the per-loop hot path is `orbit.Controller`'s own: `evaluate`,
 eval summaries and actions. `train` and `_train_n_steps` are replaced
-because Orbit's reads the global step from the device three times, converts
-every output to NumPy, writes and flushes every output as a summary on every
-loop and prints an unformatted dict; at `steps_per_loop=1` that keeps raw
-Orbit at about half the speed of a bare `tf.function` loop
-(`scripts/benchmark.py`, docs/benchmarks.md). Here a loop costs one
-`tf.function` call and one small read (the runner's `loop_status`).
-`train_and_evaluate` is replaced to evaluate at multiples of the interval and
-to stop early; `restore_checkpoint` to fall back past damaged checkpoints.
+because Orbit's per-loop reads, conversions and summary writes keep raw
+Orbit at about half the speed of a bare `tf.function` loop at
+`steps_per_loop=1`, and it prints an unformatted dict: here a loop costs one
+`tf.function` call and one small read (`fast_loop`). Saves fall at interval
+multiples, one at a time (`checkpoint_saves`). `train_and_evaluate` is
+replaced to evaluate at multiples of the interval and to stop early;
+`restore_checkpoint` to fall back past damaged checkpoints.
 
 The own loop keeps Orbit's contract (tests/test_orbit_controller.py runs
 Orbit's controller tests on it): with a `summary_dir` (or `summary_manager`)
@@ -33,8 +32,6 @@ loop, cadence and summaries unchanged.
 
 import contextlib
 import dataclasses
-import os
-import threading
 import time
 from typing import Iterator, Optional, Sequence
 
@@ -42,7 +39,8 @@ import orbit
 import tensorflow as tf
 
 from trainer import console
-from trainer import errors
+from trainer.loop import checkpoint_saves
+from trainer.loop import fast_loop
 from trainer.loop import hooks as loop_hooks
 from trainer.loop import preemption as preemption_lib
 from trainer.loop import rollback
@@ -116,29 +114,23 @@ class Controller(orbit.Controller):
     self._hooks = tuple(hooks)
     self._own_loop = callable(getattr(kwargs.get("trainer"), "loop_status",
                                       None))
-    # Whether Orbit's summary manager writes anything: without a directory
-    # or a manager of the caller's, the own loop skips its writer and
-    # `record_if` (Orbit's no-op writer costs a few us a loop).
-    self._orbit_summaries = (kwargs.get("summary_dir") is not None or
-                             kwargs.get("summary_manager") is not None)
-    self._step_tensors = {}  # Steps per loop -> the same as a tensor.
     self.stop_reason: Optional[str] = None  # Why training stopped early.
     self.restored_path: Optional[str] = None  # The checkpoint restored last.
     self._step = None  # Python mirror of `global_step`, set at restore.
-    # Every worker must take the same save decisions, so they are based on
-    # the restored step, not on what this process's directory holds.
-    self._last_saved_step = None
-    self._newest_step = None  # The newest checkpoint's step; None: none.
+    self._saves = checkpoint_saves.CheckpointSaves(
+        self._guard, options.checkpoint_interval, options.restore_dir,
+        lambda: self.checkpoint_manager)
     self._warned_past = False
-    # The stall watch's thread saves while a loop waits for input, and the
-    # loop saves on its own once a batch comes: one at a time.
-    self._saving = threading.Lock()
     self._constructed = False
     super().__init__(**kwargs)
     self._constructed = True
-    self._directory_identity = (
-        _identity(self.checkpoint_manager.directory)
-        if self.checkpoint_manager is not None else None)
+    self._saves.watch_directory()
+    if self._own_loop:
+      self._loop = fast_loop.FastLoop(
+          self.trainer, self.global_step, self.summary_manager,
+          self.summary_interval,
+          orbit_summaries=(kwargs.get("summary_dir") is not None or
+                           kwargs.get("summary_manager") is not None))
     self._step = int(self.global_step.numpy())
 
   def _live_step(self) -> int:
@@ -160,7 +152,7 @@ class Controller(orbit.Controller):
     restored its step."""
     if self._step is None:
       return None
-    return (self._live_step(), self._newest_step)
+    return (self._live_step(), self._saves.newest_step)
 
   def save_while_waiting(self) -> Optional[str]:
     """Saves the step a loop reached while it waits for input; called from
@@ -169,25 +161,8 @@ class Controller(orbit.Controller):
     input came back: the checkpoint may mix two steps, as asynchronous
     training's do, and the next save supersedes it).
     """
-    with self._saving:
-      if not getattr(self.trainer, "in_loop", False):
-        return None  # The loop came back: the controller goes on.
-      step = self._live_step()
-      if self.checkpoint_manager is None:
-        return f"no checkpoint is kept (steps to {step} are not saved)"
-      if step == self._newest_step:
-        return f"the checkpoint of step {step} is saved"
-      try:
-        self._guard.check_saveable(step, self._last_saved_step)
-      except errors.NonFiniteError as e:
-        return f"step {step} is not saved ({e})"
-      path = self.checkpoint_manager.save(checkpoint_number=step,
-                                          check_interval=False)
-      if self._live_step() != step:
-        return None
-      self._newest_step = step
-      console.info(f"saved checkpoint {path}")
-      return f"the checkpoint of step {step} is saved"
+    return self._saves.save_while_waiting(
+        lambda: getattr(self.trainer, "in_loop", False), self._live_step)
 
   @property
   def step(self) -> int:
@@ -208,8 +183,7 @@ class Controller(orbit.Controller):
           partial=self._options.partial_restore,
           directory=self._options.restore_dir)
     self._step = int(self.global_step.numpy())
-    self._last_saved_step = self._step
-    self._newest_step = self._step if path else None
+    self._saves.restored(self._step, path)
     self.restored_path = path
     if path:
       console.info(f"restored checkpoint {path} at step {self._step}")
@@ -234,7 +208,8 @@ class Controller(orbit.Controller):
     with self._saving_on_signal():
       self._warn_if_past(steps)
       if (self._guard.rolls_back and self._step < steps and
-          self.checkpoint_manager is not None and self._newest() is None):
+          self.checkpoint_manager is not None and
+          self._saves.newest() is None):
         # A rollback needs a checkpoint to go back to, even at step 0.
         self._maybe_save_checkpoint(check_interval=False, force=True)
       while self._step < steps and not self._stop_early():
@@ -388,88 +363,39 @@ class Controller(orbit.Controller):
           f"the checkpoint is at step {self._step}, past `trainer.train_"
           f"steps` ({train_steps}): nothing to train; raise it to train more")
 
-  def _newest(self) -> Optional[str]:
-    return tf.train.latest_checkpoint(self._options.restore_dir or
-                                      self.checkpoint_manager.directory)
-
   def _maybe_save_checkpoint(self, check_interval: bool = True,
                              force: bool = False) -> bool:
-    """Saves when the step crosses a multiple of `checkpoint_interval`.
-
-    `tf.train.CheckpointManager`'s own interval counts from the first save
-    (steps 10, 30, 50 for an interval of 20 after a first loop of 10), and
-    Orbit saves again at completion even if the step is already saved.
+    """Saves when the step crosses a multiple of `checkpoint_interval`
+    (`checkpoint_saves.CheckpointSaves.save_if_due`).
 
     Raises:
       errors.NonFiniteError: Instead of saving non-finite variables.
+      errors.RunError: If the model_dir was deleted or replaced.
     """
     if not self._own_loop:
       return super()._maybe_save_checkpoint(check_interval)
-    interval = self._checkpoint_interval()
-    if interval is None or self.checkpoint_manager is None or (
-        self._last_saved_step == self._step and not force):
-      return False
-    if check_interval and (self._step // interval ==
-                           self._last_saved_step // interval):
-      return False
-    directory = self.checkpoint_manager.directory
-    if _identity(directory) != self._directory_identity:
-      # TensorFlow would create it anew and save into it without a word.
-      raise errors.RunError(
-          f"model_dir {directory} was deleted or replaced during the run; "
-          f"the checkpoint of step {self._step} is not saved.")
-    self._guard.check_saveable(self._step, self._last_saved_step)
-    with self._saving:
-      # The cadence is decided here: a manager with an interval of its own
-      # would skip the save and return None.
-      path = self.checkpoint_manager.save(checkpoint_number=self._step,
-                                          check_interval=False)
-      self._last_saved_step = self._step
-      self._newest_step = self._step
-    console.info(f"saved checkpoint {path}")
-    return True
-
-  def _checkpoint_interval(self) -> Optional[int]:
-    """The save interval: ours, else the checkpoint manager's (Orbit saves
-    on the manager's only); None: no saves."""
-    if self._options.checkpoint_interval is not None:
-      return self._options.checkpoint_interval
-    return getattr(self.checkpoint_manager, "checkpoint_interval", None)
+    return self._saves.save_if_due(self._step, check_interval, force)
 
   def _train_n_steps(self, num_steps: int) -> None:
-    """Runs one loop of `num_steps` steps, then its actions, Orbit's
-    summaries and the hooks; rolls back a non-finite step.
-
-    As Orbit's, but with one read from the device (the runner's
-    `loop_status`, which also reports the step reached), and Orbit's
-    summaries only where they go somewhere.
+    """Runs one loop of `num_steps` steps (`fast_loop.FastLoop`), then its
+    actions, Orbit's summaries and the hooks; rolls back a non-finite step.
     """
     if not self._own_loop:
       super()._train_n_steps(num_steps)
       return
     start = time.perf_counter()
-    output = self._run_loop(num_steps)
+    output = self._loop.run(num_steps)
     status = self.trainer.loop_status()
     if status.nonfinite_step >= 0:
       self._step = status.nonfinite_step
       self._roll_back(status.nonfinite_step)
       return
-    self._step = self._step_reached(num_steps, status.step)
-    # The runner's whole output, as Orbit gives it; the loop's mean loss
-    # and scheduled rate where the output has none (a `TaskTrainer`'s loop
-    # reports them through `loop_status` only).
-    train_output = dict(output or {})
-    train_output.setdefault("loss", status.loss)
-    if status.learning_rate is not None:
-      train_output.setdefault("learning_rate", status.learning_rate)
+    self._step = self._loop.step_reached(self._step, num_steps, status.step)
+    train_output = fast_loop.train_output(output, status)
     for action in self.train_actions:
       action(train_output)
-    if self._orbit_summaries:
-      values = tf.nest.map_structure(orbit.utils.get_value, train_output)
-      values["steps_per_second"] = num_steps / max(
-          time.perf_counter() - start, 1e-9)
-      self.summary_manager.write_summaries(values)
-      self.summary_manager.flush()
+    self._loop.write_summaries(train_output, num_steps,
+                               time.perf_counter() - start)
     if self._hooks:
       result = loop_hooks.LoopResult(
           num_steps=num_steps, seconds=time.perf_counter() - start,
@@ -479,62 +405,17 @@ class Controller(orbit.Controller):
       for hook in self._hooks:
         hook.after_loop(self._step, result)
 
-  def _run_loop(self, num_steps: int):
-    """Calls the runner's `train`; returns its output.
-
-    With Orbit's summaries on, as Orbit calls it: under the train summary
-    writer, recording `tf.summary` calls inside the loop at steps that are
-    multiples of `summary_interval` (none without one).
-    """
-    steps = self._steps_tensor(num_steps)
-    if not self._orbit_summaries:
-      return self.trainer.train(steps)
-    should_record = False
-    if self.summary_interval:
-      should_record = lambda: self.global_step % self.summary_interval == 0
-    with (self.summary_manager.summary_writer().as_default(),
-          tf.summary.record_if(should_record)):
-      return self.trainer.train(steps)
-
-  def _step_reached(self, num_steps: int, reported: Optional[int]) -> int:
-    """The global step after a loop of `num_steps` from `self._step`: the
-    runner's report, or a read where it gives none; warns, as Orbit does,
-    where the loop did not advance it by `num_steps`."""
-    expected = self._step + num_steps
-    step = int(self.global_step.numpy()) if reported is None else reported
-    if step != expected:
-      console.warning(
-          f"a training loop of {num_steps} step(s) from step {self._step} "
-          f"reached step {step}, not {expected}: the runner's `train` must "
-          f"add 1 to the global step per step; going on from step {step}")
-    return step
-
-  def _steps_tensor(self, num_steps: int) -> tf.Tensor:
-    """`num_steps` as a tensor, made once per value (10 us a loop saved)."""
-    if num_steps not in self._step_tensors:
-      self._step_tensors[num_steps] = tf.constant(num_steps, tf.int32)
-    return self._step_tensors[num_steps]
-
   def _roll_back(self, step: int) -> None:
     """Rolls back to the newest checkpoint, the guard permitting.
 
     Raises:
       errors.NonFiniteError: If the guard stops instead.
     """
-    self._guard.start_rollback(step, self._last_saved_step,
-                               has_checkpoint=self._newest() is not None)
+    self._guard.start_rollback(step, self._saves.last_saved_step,
+                               has_checkpoint=self._saves.newest() is not None)
     self.restore_checkpoint()
     self.trainer.read_and_reset_metrics()  # They include the bad step.
     self._guard.finish_rollback(self._step)
     for hook in self._hooks:
       hook.after_rollback(self._step)
 
-
-def _identity(directory: str) -> Optional[tuple]:
-  """`(device, inode)` of a local directory; None if it is missing or not
-  local (`gs://...`)."""
-  try:
-    status = os.stat(directory)
-  except OSError:
-    return None
-  return (status.st_dev, status.st_ino)

@@ -1,0 +1,86 @@
+"""Where training is in its input, and how a restarted run finds it again.
+
+The position is the checkpointed iterator where the pipeline can be saved;
+else the batches consumed are skipped: one per step and worker, plus those
+discarded after a non-finite loss, counted in `discarded_batches` (which is
+checkpointed). Orbit keeps no input position of its own.
+"""
+
+from typing import Callable
+
+import tensorflow as tf
+
+from trainer.data import inputs as inputs_lib
+
+
+class InputPosition:
+  """The batches discarded, and the way back to the saved place.
+
+  Attributes:
+    discarded_batches: Batches thrown away (after a non-finite loss);
+      checkpointed, so the input can be skipped to `global_step +
+      discarded_batches` on resume.
+  """
+
+  def __init__(self, train_input: inputs_lib.DistributedInput,
+               read_from: Callable[[tf.data.Dataset], None]):
+    """Builds the position.
+
+    Args:
+      train_input: The training input.
+      read_from: Makes training read the given dataset from here on.
+    """
+    self._input = train_input
+    self._read_from = read_from
+    self.discarded_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                         name="discarded_batches")
+
+  def resumption(self, input_position: str, num_workers: int) -> str:
+    """Returns how a restarted run finds its place in the input.
+
+    Args:
+      input_position: `trainer.input_position`.
+      num_workers: Workers reading the input; with several, the chief's
+        checkpoint cannot hold every worker's iterator.
+
+    Returns:
+      "checkpoint" (checkpoint the training iterator), "skip" (call `skip`
+      with the restored step) or "restart".
+    """
+    if input_position != "checkpoint":
+      return input_position
+    if self._input.remote:
+      # The service's batches come in no reproducible order: skipping would
+      # read and drop as many through it without finding the saved place.
+      return "restart"
+    if num_workers == 1 and self._input.checkpointable():
+      return "checkpoint"
+    # Some pipelines cannot be saved at all: skip what was consumed instead.
+    return "skip"
+
+  def skip(self, num_batches: int) -> int:
+    """Restarts the input after its first `num_batches` batches and the
+    discarded ones.
+
+    Resumes the input position when the iterator is not in the checkpoint:
+    each worker reads one batch per step, so skipping `global_step` batches
+    of a deterministic pipeline (plus those discarded after a non-finite
+    loss) puts it where the saved run was. The skipped batches are read and
+    thrown away, so the cost grows with the step.
+
+    Returns:
+      The number of batches skipped.
+    """
+    num_batches += int(self.discarded_batches.numpy())
+    if num_batches <= 0:
+      return 0
+    # A new dataset, not `self._input.dataset`: iterating a dataset again
+    # advances the seed of `shuffle(reshuffle_each_iteration=True)`, which
+    # would give another order than the saved run's (measured).
+    self._read_from(self._input.build().skip(num_batches))
+    return num_batches
+
+  def discard(self, iterator) -> None:
+    """Reads the next batch of `iterator` and throws it away."""
+    next(iterator)
+    self.discarded_batches.assign_add(1)
