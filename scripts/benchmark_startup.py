@@ -113,7 +113,7 @@ print(f"bare | step 1 | loss {float(loss):.4f} | "
       f"{model.count_params()} parameters | saved {path}")
 '''
 # The digits CNN's parameters (filters 32, hidden units 128); checked by
-# tests/test_benchmark_startup.py against the task's model.
+# tests/scripts/test_benchmark_startup.py against the task's model.
 PARAMETERS = 320 + 18496 + 73856 + 1290
 
 
@@ -220,8 +220,8 @@ def main(argv):
 
 
 def _usage_module():
-  """Returns trainer/report/usage.py, loaded alone: importing the `trainer` package
-  would load TensorFlow into this process, which only waits."""
+  """Returns trainer/report/usage.py, loaded alone: importing the `trainer`
+  package would load TensorFlow into this process, which only waits."""
   spec = importlib.util.spec_from_file_location(
       "trainer_usage", os.path.join(REPO_ROOT, "trainer", "usage.py"))
   module = importlib.util.module_from_spec(spec)

@@ -6,7 +6,7 @@ model is a `trainer.distribute.placement.StagedModel` of two stages; with
 device 0 and the second half's on device 1 (GPUs, or two logical CPUs on a
 machine without accelerators), and TensorFlow copies the activations
 between them. With model parallelism off, the same model runs whole on one
-device, to the same weights (tests/test_placement.py).
+device, to the same weights (tests/distribute/test_placement.py).
 """
 
 import gin

@@ -7,7 +7,6 @@ is done here, before any test module touches TensorFlow.
 import gc
 import os
 import sys
-import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
@@ -23,9 +22,6 @@ import tf_keras  # noqa: E402
 from trainer.distribute import devices  # noqa: E402
 
 NUM_CPU_DEVICES = 2
-# Epoch seconds after which no further test starts (`.ci/run` sets it for
-# the slow tests, so that CI ends within its time limit).
-START_BY = "TRAINER_TESTS_START_BY"
 devices.split_cpu(NUM_CPU_DEVICES, "tests/conftest.py NUM_CPU_DEVICES")
 
 
@@ -53,32 +49,3 @@ def freeze_earlier_objects():
   that half ran in 713 s instead of 839 s, its peak memory 2.4 GB.
   """
   gc.freeze()
-
-
-def pytest_configure(config):
-  del config  # Unused.
-  value = os.environ.get(START_BY)
-  if value is not None and not value.isdigit():
-    raise pytest.UsageError(
-        f"{START_BY}={value!r}: expected epoch seconds (`date +%s`)")
-
-
-def pytest_collection_modifyitems(config, items):
-  """Runs the manual's pages (`test_docs.test_the_page_runs_as_written`)
-  after every other test: most of their commands are ones other tests run
-  too, so where `TRAINER_TESTS_START_BY` ends a run early, they are what it
-  leaves out."""
-  del config  # Unused.
-  pages = [item for item in items
-           if item.originalname == "test_the_page_runs_as_written"]
-  items[:] = [item for item in items if item not in pages] + pages
-
-
-def pytest_runtest_setup(item):
-  """Skips a test that would start after `TRAINER_TESTS_START_BY`, with the
-  reason listed in the summary (`-rs`)."""
-  del item  # Unused.
-  value = os.environ.get(START_BY)
-  if value is not None and time.time() > int(value):
-    deadline = time.strftime("%H:%M:%S", time.localtime(int(value)))
-    pytest.skip(f"not started: {START_BY} ({deadline}) has passed")

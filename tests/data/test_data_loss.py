@@ -223,7 +223,8 @@ def test_a_checkpoint_damaged_where_a_step_reads_it_is_not_the_input(
   optimizer.apply_gradients([(gradient, variable)])
   prefix = tf.train.Checkpoint(model=variable, optimizer=optimizer).write(
       str(tmp_path / "ckpt-1"))
-  helpers.flip_tensor(prefix, "optimizer/_variables/1/.ATTRIBUTES/VARIABLE_VALUE")
+  helpers.flip_tensor(prefix,
+                     "optimizer/_variables/1/.ATTRIBUTES/VARIABLE_VALUE")
   fresh = tf.Variable(tf.zeros([16, 16]))
   fresh_optimizer = tf_keras.optimizers.Adam(0.1)
   tf.train.Checkpoint(model=fresh, optimizer=fresh_optimizer).restore(

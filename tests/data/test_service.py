@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import helpers
 import trainer
+from trainer.data import service as data_service
 
 SCRIPT = "scripts/data_service.py"
 TIMEOUT = 300

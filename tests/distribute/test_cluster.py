@@ -1,8 +1,8 @@
 """trainer.cluster: where a multi-process run's cluster comes from.
 
 TF_CONFIG as Kubernetes operators and cloud services write it, a SLURM step's
-environment (set here as `srun` sets it; tests/distribute/test_slurm.py runs real
-`srun`), `runtime.worker_hosts`, and each against the others.
+environment (set here as `srun` sets it; tests/distribute/test_slurm.py runs
+real `srun`), `runtime.worker_hosts`, and each against the others.
 """
 
 import json

@@ -146,8 +146,9 @@ def test_verify_reads_only_what_a_restore_of_its_roots_reads(tmp_path):
   model_dir = str(tmp_path)
   _train(model_dir, 20, _AdamRegression())
   prefix = os.path.join(model_dir, "ckpt-20")
-  helpers.flip_tensor(prefix, "model/layer_with_weights-0/kernel/.OPTIMIZER_SLOT/"
-               "optimizer/v/.ATTRIBUTES/VARIABLE_VALUE")
+  helpers.flip_tensor(prefix,
+                     "model/layer_with_weights-0/kernel/.OPTIMIZER_SLOT/"
+                     "optimizer/v/.ATTRIBUTES/VARIABLE_VALUE")
   # An evaluation restores no optimizer, so reads none of its slots.
   checkpoint_verify.verify(prefix, {"model", "global_step"})
   with pytest.raises(tf.errors.DataLossError,

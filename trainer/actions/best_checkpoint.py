@@ -38,7 +38,8 @@ class BestCheckpointConfig:
   higher_is_better: Optional[bool] = None
 
   def __post_init__(self):
-    metric.check_direction("best_checkpoint", self.metric, self.higher_is_better)
+    metric.check_direction("best_checkpoint", self.metric,
+                           self.higher_is_better)
 
 
 class BestCheckpoint:

@@ -12,7 +12,7 @@ axis by one of TensorFlow's partitioners (`runtime.variable_partitioner`),
 into a `ShardedVariable` whose shards sit on different ps tasks. A
 checkpoint holds each sharded variable whole (its optimizer slots too), so
 it restores under any other strategy, and any checkpoint restores into
-shards (tests/test_sharded_variables.py).
+shards (tests/distribute/test_sharded_variables.py).
 """
 
 import inspect

@@ -22,7 +22,8 @@ Written here rather than taken from TensorFlow's `SlurmClusterResolver`
   (TensorFlow wants the sidecar evaluator outside it), and every job on a
   node shares its one fixed `port_base` (8888).
 Its host-list grammar is SLURM's (multi-dimensional brackets included) and
-`tests/distribute/test_slurm.py` checks this parser against `scontrol show hostnames`.
+`tests/distribute/test_slurm.py` checks this parser against
+`scontrol show hostnames`.
 """
 
 import dataclasses

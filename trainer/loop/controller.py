@@ -17,7 +17,7 @@ multiples, one at a time (`checkpoint_saves`). `train_and_evaluate` is
 replaced to evaluate at multiples of the interval and to stop early;
 `restore_checkpoint` to fall back past damaged checkpoints.
 
-The own loop keeps Orbit's contract (tests/test_orbit_controller.py runs
+The own loop keeps Orbit's contract (tests/loop/test_orbit_controller.py runs
 Orbit's controller tests on it): with a `summary_dir` (or `summary_manager`)
 the runner trains under that writer and Orbit's `summary_interval`
 (`tf.summary.record_if`), and its output with `steps_per_second` is written

@@ -135,7 +135,8 @@ class TrainReporter(loop_hooks.LoopHook):
     if rate is None or rate == self._learning_rate:
       return
     # Not flushed: the writer flushes with the next full summary.
-    summaries.write_scalars(self._writer, {"learning_rate": rate}, step, flush=False)
+    summaries.write_scalars(self._writer, {"learning_rate": rate}, step,
+                            flush=False)
     self._learning_rate = rate
 
   def _write_summaries(self, step: int, metrics: Dict[str, float]) -> None:

@@ -9,7 +9,8 @@ from matplotlib import image as mpimg
 import pytest
 import tensorflow as tf
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO_ROOT, "scripts", "plot_metrics.py")
 
 _spec = importlib.util.spec_from_file_location("plot_metrics", SCRIPT)

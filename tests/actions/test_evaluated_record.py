@@ -1,0 +1,32 @@
+"""The record of evaluated steps, kept across restarts."""
+
+import json
+
+import numpy as np
+
+from trainer import actions
+from trainer.loop import continuous_eval
+
+
+class _Step:
+  """The global step an action reads; the test moves it."""
+
+  def __init__(self, step=0):
+    self.step = step
+
+  def __call__(self):
+    return self.step
+
+
+def test_evaluated_step_recorder_keeps_every_step_across_restarts(tmp_path):
+  step = _Step(10)
+  actions.EvaluatedStepRecorder(str(tmp_path), step_fn=step)(
+      {"mae": np.float32(0.5)})
+  step.step = 20
+  # A restarted run's recorder adds to what the first one recorded.
+  actions.EvaluatedStepRecorder(str(tmp_path), step_fn=step)({"mae": 0.25})
+  assert continuous_eval.read_evaluated(str(tmp_path)) == {10, 20}
+  with open(tmp_path / continuous_eval.RECORD) as f:
+    assert json.load(f) == {"steps": [10, 20],
+                            "results": {"10": {"mae": 0.5},
+                                        "20": {"mae": 0.25}}}
