@@ -270,3 +270,24 @@ def flip_tensor(prefix, name):
   with open(path, "wb") as f:
     f.write(data)
   return bytes(data)
+
+
+def write_image_records(directory, num_files, per_file, offset=1):
+  """Writes PNG-encoded 28x28 images with labels `i % 10 + offset`."""
+  os.makedirs(directory, exist_ok=True)
+  rng = np.random.RandomState(0)
+  index = 0
+  for shard in range(num_files):
+    path = os.path.join(directory, f"data-{shard:02d}.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+      for _ in range(per_file):
+        image = rng.randint(0, 256, (28, 28, 1)).astype(np.uint8)
+        example = tf.train.Example(features=tf.train.Features(feature={
+            "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(
+                value=[tf.io.encode_png(image).numpy()])),
+            "image/class/label": tf.train.Feature(int64_list=(
+                tf.train.Int64List(value=[index % 10 + offset]))),
+        }))
+        writer.write(example.SerializeToString())
+        index += 1
+  return os.path.join(directory, "data-*.tfrecord")

@@ -15,7 +15,6 @@ import tf_keras
 import helpers
 from trainer.data import data_loss
 
-from test_tfrecord_inputs import _write
 
 
 def _truncate(path, keep):
@@ -126,7 +125,7 @@ def _train_to_the_damage(tmp_path, gin_name):
 
 def test_train_py_names_the_damaged_shard_and_keeps_its_checkpoints(
     tmp_path):
-  pattern = _write(str(tmp_path / "data"), 4, 64)
+  pattern = helpers.write_image_records(str(tmp_path / "data"), 4, 64)
   damaged = pattern.replace("*", "02")
   _truncate(damaged, os.path.getsize(damaged) - 100)
   (tmp_path / "records.gin").write_text(

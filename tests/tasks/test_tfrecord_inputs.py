@@ -1,9 +1,7 @@
 """Reading the user's TFRecord files: the schema, file and example sharding
 over input pipelines, and training a shipped task from them."""
 
-import os
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -13,27 +11,6 @@ from tasks import tfrecord_inputs
 from trainer import experiment
 
 import helpers
-
-
-def _write(directory, num_files, per_file, offset=1):
-  """Writes PNG-encoded 28x28 images with labels `i % 10 + offset`."""
-  os.makedirs(directory, exist_ok=True)
-  rng = np.random.RandomState(0)
-  index = 0
-  for shard in range(num_files):
-    path = os.path.join(directory, f"data-{shard:02d}.tfrecord")
-    with tf.io.TFRecordWriter(path) as writer:
-      for _ in range(per_file):
-        image = rng.randint(0, 256, (28, 28, 1)).astype(np.uint8)
-        example = tf.train.Example(features=tf.train.Features(feature={
-            "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(
-                value=[tf.io.encode_png(image).numpy()])),
-            "image/class/label": tf.train.Feature(int64_list=(
-                tf.train.Int64List(value=[index % 10 + offset]))),
-        }))
-        writer.write(example.SerializeToString())
-        index += 1
-  return os.path.join(directory, "data-*.tfrecord")
 
 
 def _source(pattern, **settings):
@@ -55,7 +32,7 @@ def test_schema_parsing():
 
 
 def test_keys_default_to_the_first_string_and_int64_features(tmp_path):
-  source = _source(_write(str(tmp_path), 1, 4))
+  source = _source(helpers.write_image_records(str(tmp_path), 1, 4))
   assert (source.features_key, source.label_key) == ("image/encoded",
                                                      "image/class/label")
   with pytest.raises(trainer.ConfigError, match="'pixels' is not in the "
@@ -71,7 +48,7 @@ def _read_all(source, training, context=None):
 @pytest.mark.parametrize("num_files", [4, 1])
 def test_pipelines_read_disjoint_parts(tmp_path, num_files):
   # 4 files over 2 pipelines: by file; 1 file: by example.
-  source = _source(_write(str(tmp_path), num_files, 24 // num_files))
+  source = _source(helpers.write_image_records(str(tmp_path), num_files, 24 // num_files))
   everything = _read_all(source, training=False)
   assert len(everything) == 24
   assert sorted(label for _, label in everything) == sorted(
@@ -90,7 +67,7 @@ def test_no_matching_file_is_a_config_error(tmp_path):
 
 
 def test_mnist_trains_from_tfrecord_files(tmp_path):
-  source = _source(_write(str(tmp_path / "data"), 2, 32))
+  source = _source(helpers.write_image_records(str(tmp_path / "data"), 2, 32))
   task = mnist.MnistClassification(tfrecords=source)
   config = trainer.TrainerConfig(train_steps=8, steps_per_loop=4,
                                  summary_interval=4, checkpoint_interval=8,

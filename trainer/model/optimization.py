@@ -16,7 +16,8 @@ clips the gradients it has summed over replicas and micro-batches (see
 
 import dataclasses
 import re
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import (Any, Dict, Iterator, List, Mapping, Optional, Sequence,
+                    Set, Tuple)
 
 import gin
 import tensorflow as tf

@@ -66,8 +66,8 @@ class Task:
         shard again.
 
     Examples held as blocks (tensors stacked on a leading axis) are best
-    returned as `trainer.data.inputs.examples_from_blocks(blocks)`: the framework
-    then batches them a block at a time.
+    returned as `trainer.data.inputs.examples_from_blocks(blocks)`: the
+    framework then batches them a block at a time.
     """
     raise NotImplementedError(
         f"{type(self).__name__} must define build_inputs.")
