@@ -223,7 +223,7 @@ def _usage_module():
   """Returns trainer/report/usage.py, loaded alone: importing the `trainer`
   package would load TensorFlow into this process, which only waits."""
   spec = importlib.util.spec_from_file_location(
-      "trainer_usage", os.path.join(REPO_ROOT, "trainer", "usage.py"))
+      "trainer_usage", os.path.join(REPO_ROOT, "trainer", "report", "usage.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module

@@ -222,17 +222,9 @@ class TaskTrainer(orbit.StandardTrainer):
     self._first_step.check()
 
   def input_resumption(self, input_position: str, num_workers: int) -> str:
-    """Returns how a restarted run finds its place in the input.
-
-    Args:
-      input_position: `trainer.input_position`.
-      num_workers: Workers reading the input; with several, the chief's
-        checkpoint cannot hold every worker's iterator.
-
-    Returns:
-      "checkpoint" (checkpoint `train_iterator`), "skip" (call
-      `skip_input` with the restored step) or "restart".
-    """
+    """Returns "checkpoint" (checkpoint `train_iterator`), "skip" (call
+    `skip_input` with the restored step) or "restart": how a restarted run
+    finds its place in the input (`input_position.InputPosition`)."""
     return self._position.resumption(input_position, num_workers)
 
   def skip_input(self, num_batches: int) -> int:
