@@ -1,0 +1,217 @@
+"""Pipeline parallelism (`pipeline.*`): a deep MLP cut into stages on the
+logical CPUs, trained to the unpipelined weights, its placement read back
+from the variables and the executed ops, and the bad settings refused in one
+line."""
+
+import collections
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+# pylint: disable-next=g-direct-tensorflow-import
+from tensorflow.python.debug.lib import debug_events_reader
+
+import helpers
+import trainer
+from tasks import digits_pipeline
+from trainer import errors
+from trainer import experiment
+from trainer.distribute import pipeline
+from trainer.model import optimization
+
+CPU0 = "/job:localhost/replica:0/task:0/device:CPU:0"
+CPU1 = "/job:localhost/replica:0/task:0/device:CPU:1"
+
+
+def _train(model_dir, steps=20, dump_dir=None, task=None, runtime=None,
+           **pipeline_args):
+  """Trains the MLP with SGD for `steps` steps in one loop."""
+  config = trainer.TrainerConfig(
+      train_steps=steps, steps_per_loop=steps, checkpoint_interval=steps,
+      summary_interval=steps, global_batch_size=32,
+      optimizer=optimization.OptimizerConfig(name="sgd", learning_rate=0.1),
+      pipeline=pipeline.PipelineConfig(**pipeline_args))
+  if dump_dir:
+    tf.debugging.experimental.enable_dump_debug_info(
+        str(dump_dir), tensor_debug_mode="NO_TENSOR",
+        circular_buffer_size=-1)
+  try:
+    experiment.run(task or digits_pipeline.DigitsPipelineMLP(hidden_units=32),
+                   "train", str(model_dir),
+                   runtime or trainer.RuntimeConfig(seed=3), config)
+  finally:
+    if dump_dir:
+      tf.debugging.experimental.disable_dump_debug_info()
+  return helpers.checkpoint_weights(str(model_dir))
+
+
+def relative_difference(a, b) -> float:
+  """The largest relative difference of two checkpoints' tensors."""
+  assert sorted(a) == sorted(b)
+  return max(float(np.linalg.norm(a[k] - b[k]) /
+                   max(np.linalg.norm(b[k]), 1e-12)) for k in a)
+
+
+def test_the_pipelined_step_equals_the_unpipelined_one(tmp_path, capsys):
+  whole = _train(tmp_path / "whole")
+  assert len(whole) == 10
+  for num_microbatches in (1, 2, 4):
+    piped = _train(tmp_path / f"m{num_microbatches}",
+                   boundaries=["hidden2"], num_microbatches=num_microbatches)
+    assert relative_difference(piped, whole) <= 1e-6, num_microbatches
+  out = capsys.readouterr().out
+  assert ("pipeline | 2 stages: flatten..hidden2 on /device:CPU:0 | "
+          "hidden3..logits on /device:CPU:1; 4 micro-batch(es)") in out, out
+  assert ("placement | /device:CPU:0: 4 variable(s), 3,136 parameters "
+          "(hidden1/kernel, hidden1/bias, hidden2/kernel, hidden2/bias)"
+          in out), out
+  assert ("placement | /device:CPU:1: 6 variable(s), 2,442 parameters "
+          "(hidden3/kernel, hidden3/bias, hidden4/kernel, hidden4/bias, ...)"
+          in out), out
+
+
+def test_recomputed_stages_train_to_the_same_weights(tmp_path, capsys):
+  whole = _train(tmp_path / "whole")
+  piped = _train(tmp_path / "piped", boundaries=["hidden2"],
+                 num_microbatches=2, recompute=True)
+  assert relative_difference(piped, whole) <= 1e-6
+  assert "2 micro-batch(es), recomputed" in capsys.readouterr().out
+
+
+def _executed_ops(dump_dir):
+  """(op type, device) -> how often TensorFlow executed it in a graph."""
+  counts = collections.Counter()
+  with debug_events_reader.DebugDataReader(str(dump_dir)) as reader:
+    reader.update()
+    for trace in reader.graph_execution_traces():
+      counts[(trace.op_type, trace.device_name)] += 1
+  return counts
+
+
+def test_each_stage_runs_its_forward_and_backward_pass_on_its_device(
+    tmp_path):
+  steps, num_microbatches = 2, 4
+  _train(tmp_path / "run", steps=steps, dump_dir=tmp_path / "dump",
+         boundaries=["hidden2"], num_microbatches=num_microbatches)
+  ops = _executed_ops(tmp_path / "dump")
+  runs = steps * num_microbatches
+  # Per micro-batch: stage 0's 2 forward and 4 backward MatMuls (for hidden1
+  # the gradient of the input too, which `tf.gradients` computes and
+  # nothing uses), stage 1's 3 and 6; their activations likewise.
+  assert ops[("MatMul", CPU0)] == 6 * runs, ops
+  assert ops[("MatMul", CPU1)] == 9 * runs, ops
+  assert ops[("Relu", CPU0)] == ops[("ReluGrad", CPU0)] == 2 * runs, ops
+  assert ops[("Relu", CPU1)] == ops[("ReluGrad", CPU1)] == 2 * runs, ops
+  assert ops[("BiasAddGrad", CPU0)] == 2 * runs, ops
+  assert ops[("BiasAddGrad", CPU1)] == 3 * runs, ops
+
+
+_THREE_STAGES = """
+import os, sys, json
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
+import trainer
+from trainer.distribute import devices
+devices.split_cpu(3, "test")
+from distribute import test_pipeline
+whole = test_pipeline._train(sys.argv[2] + "/whole")
+found = {}
+for m in (1, 2, 4):
+  piped = test_pipeline._train(sys.argv[2] + f"/m{m}",
+                               boundaries=["hidden1", "hidden3"],
+                               num_microbatches=m)
+  found[m] = test_pipeline.relative_difference(piped, whole)
+print("RESULT", json.dumps(found))
+"""
+
+
+def test_three_stages_train_to_the_unpipelined_weights(tmp_path):
+  # Three stages need three devices: a process of its own, split in three.
+  run = subprocess.run(
+      [sys.executable, "-c", _THREE_STAGES, helpers.REPO_ROOT,
+       str(tmp_path)], capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, TF_USE_LEGACY_KERAS="1"))
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert ("pipeline | 3 stages: flatten..hidden1 on /device:CPU:0 | "
+          "hidden2..hidden3 on /device:CPU:1 | hidden4..logits on "
+          "/device:CPU:2; 4 micro-batch(es)") in run.stdout
+  found = eval(run.stdout.split("RESULT ")[1])  # pylint: disable=eval-used
+  assert sorted(found) == ["1", "2", "4"]
+  assert max(found.values()) <= 1e-6, found
+
+
+@pytest.mark.parametrize("settings, line", [
+    (dict(boundaries=["hidden2"], num_microbatches=3),
+     "`pipeline.num_microbatches` (3) does not divide the 32 example(s) of "
+     "each step (`trainer.global_batch_size` per replica and accumulation "
+     "step) into equal micro-batches."),
+    (dict(boundaries=["hiden2"]),
+     "`pipeline.boundaries` names 'hiden2', which is not a layer of "
+     "digits_pipeline_mlp (its layers: flatten, hidden1, hidden2, hidden3, "
+     "hidden4, logits)."),
+    (dict(boundaries=["hidden1", "hidden2", "hidden3"]),
+     "the pipeline has 4 stages, more than the 2 CPU device(s) TensorFlow "
+     "had already made: cut the model into fewer stages, or start a new "
+     "process."),
+    (dict(boundaries=["hidden2"], devices=["/device:CPU:0"]),
+     "the pipeline has 2 stages, more than its 1 `pipeline.devices`: give "
+     "each stage a device, or cut the model into fewer stages."),
+    (dict(boundaries=["hidden2"], devices=["/device:CPU:0", "/device:GPU:0"]),
+     "`pipeline.devices` names /device:GPU:0, which this host does not have "
+     "(it has /device:CPU:0, /device:CPU:1)."),
+    (dict(boundaries=["flatten"]),
+     "pipeline stage 0 (flatten) has no trainable variables: move a "
+     "boundary so that every stage holds weights."),
+    (dict(boundaries=["logits"]),
+     "`pipeline.boundaries` ends a stage at 'logits', the last layer of "
+     "digits_pipeline_mlp: the stage after it would be empty."),
+    (dict(task_stages=True),
+     "`pipeline.task_stages` pipelines the stages of a "
+     "`placement.StagedModel`; the Task's `build_model` returned a "
+     "Sequential: cut it with `pipeline.boundaries`."),
+])
+def test_bad_settings_are_one_line(tmp_path, settings, line):
+  with pytest.raises(errors.ConfigError) as raised:
+    _train(tmp_path / "run", steps=1, **settings)
+  assert str(raised.value) == line
+
+
+def test_boundaries_out_of_order_are_one_line():
+  model = digits_pipeline.DigitsPipelineMLP().build_model()
+  with pytest.raises(errors.ConfigError) as raised:
+    pipeline.build(model, pipeline.PipelineConfig(
+        boundaries=["hidden3", "hidden1"]), lambda unused_model: None)
+  assert str(raised.value) == (
+      "`pipeline.boundaries` (hidden3, hidden1) must follow the model's "
+      "layer order (flatten, hidden1, hidden2, hidden3, hidden4, logits).")
+
+
+def test_a_pipeline_under_a_data_parallel_strategy_is_one_line(tmp_path):
+  with pytest.raises(errors.ConfigError) as raised:
+    _train(tmp_path / "run", steps=1, boundaries=["hidden2"],
+           runtime=trainer.RuntimeConfig(distribution_strategy="mirrored",
+                                         num_cpu_devices=2))
+  assert str(raised.value) == (
+      "a pipeline (`pipeline.boundaries`/`task_stages`) needs `runtime."
+      "distribution_strategy='default'`, not 'mirrored': it places each "
+      "stage on its own device, which a strategy's replicas would not keep.")
+  assert not os.path.exists(tmp_path / "run")
+
+
+def test_settings_are_checked_on_construction():
+  with pytest.raises(errors.ConfigError) as raised:
+    pipeline.PipelineConfig(boundaries=["a"], num_microbatches=0)
+  # gin adds a line naming the configurable.
+  assert str(raised.value).splitlines()[0] == (
+      "`pipeline.num_microbatches` (0) must be a positive integer.")
+  with pytest.raises(errors.ConfigError) as raised:
+    pipeline.PipelineConfig(num_microbatches=4)
+  assert str(raised.value).splitlines()[0] == (
+      "`pipeline.num_microbatches` needs `pipeline.boundaries` or "
+      "`pipeline.task_stages`: there is no pipeline without stages.")
+  assert pipeline.PipelineConfig(boundaries=["a", "b"]).boundaries == (
+      "a", "b")
+  assert not pipeline.PipelineConfig().enabled
