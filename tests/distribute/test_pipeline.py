@@ -27,11 +27,12 @@ CPU1 = "/job:localhost/replica:0/task:0/device:CPU:1"
 
 
 def _train(model_dir, steps=20, dump_dir=None, task=None, runtime=None,
-           **pipeline_args):
+           accumulation_steps=1, **pipeline_args):
   """Trains the MLP with SGD for `steps` steps in one loop."""
   config = trainer.TrainerConfig(
       train_steps=steps, steps_per_loop=steps, checkpoint_interval=steps,
       summary_interval=steps, global_batch_size=32,
+      gradient_accumulation_steps=accumulation_steps,
       optimizer=optimization.OptimizerConfig(name="sgd", learning_rate=0.1),
       pipeline=pipeline.PipelineConfig(**pipeline_args))
   if dump_dir:
@@ -79,6 +80,22 @@ def test_recomputed_stages_train_to_the_same_weights(tmp_path, capsys):
                  num_microbatches=2, recompute=True)
   assert relative_difference(piped, whole) <= 1e-6
   assert "2 micro-batch(es), recomputed" in capsys.readouterr().out
+
+
+def test_batch_norm_normalises_each_micro_batch(tmp_path):
+  # As GPipe does: the pipelined step equals the unpipelined one that cuts
+  # the batch into as many micro-batches (`trainer.gradient_accumulation_
+  # steps`), statistics and moving averages included, and differs from
+  # normalising the whole batch at once.
+  task = digits_pipeline.DigitsPipelineMLP(hidden_units=32, batch_norm=True)
+  accumulated = _train(tmp_path / "accumulated", task=task,
+                       accumulation_steps=2)
+  whole = _train(tmp_path / "whole", task=task)
+  piped = _train(tmp_path / "piped", task=task, boundaries=["batch_norm2"],
+                 num_microbatches=2)
+  assert len(piped) == 26  # 5 dense, 4 batch norms with moving averages.
+  assert relative_difference(piped, accumulated) <= 1e-6
+  assert relative_difference(piped, whole) > 1e-3
 
 
 def _executed_ops(dump_dir):
