@@ -19,6 +19,17 @@ ratio within a round, where the two ran back to back, so a slow spell on a
 shared host slows both sides. Beside each, GPipe's ideal K*M/(M+K-1): the
 bubble (K-1)/(M+K-1) of each device's time is idle.
 
+Overlap: from a profiler trace of one round's steps, the share of the
+time some matrix product runs during which another runs too (on the other
+device: each op has one thread). It shows the executor overlapping the
+stages whatever else the host is running, which the throughput ratios need
+a quiet host for.
+
+CPU: the process's CPU seconds per step, as a ratio to naive's: the work
+micro-batches add (each computes a whole weight gradient, and M of them
+are summed). On K free cores the speedup cannot pass the ideal divided by
+it; unlike steps/s, it hardly depends on what else the host runs.
+
 Memory: the peak bytes TensorFlow's CPU allocator held during one step, at
 M = 8 with and without `pipeline.recompute`. Logical CPU devices share one
 allocator, so this is the peak of all stages together; per-device peaks
@@ -33,12 +44,14 @@ The last line printed is `JSON {...}`, with `stages`, `microbatches`,
 the largest M run), and every M's figures under `all`.
 """
 
+import glob
 import json
 import os
 import statistics
 import sys
+import tempfile
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
@@ -54,6 +67,9 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+# pylint: disable-next=g-direct-tensorflow-import
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
 from trainer.distribute import devices
 from trainer.distribute import pipeline
 from trainer.model import gradients
@@ -65,7 +81,7 @@ flags.DEFINE_list("microbatches", ["2", "4", "8", "16"],
                   "The M values of the pipeline (naive M=1 always runs).")
 flags.DEFINE_integer("rounds", 5, "Timed rounds per contender.")
 flags.DEFINE_integer("steps", 10, "Steps per contender per round.")
-flags.DEFINE_integer("batch", 256, "Global batch size.")
+flags.DEFINE_integer("batch", 1024, "Global batch size.")
 flags.DEFINE_integer("width", 1024, "Units of every dense layer.")
 flags.DEFINE_integer("layers_per_stage", 2, "Dense layers per stage.")
 
@@ -123,8 +139,9 @@ def build_contender(task: _MlpTask, batch, num_stages: int,
     return optimizer.iterations.read_value()
 
   def run(num_steps: int) -> float:
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     steps(tf.constant(num_steps)).numpy()  # Waits for every step.
+    run.cpu_seconds = time.process_time() - cpu
     return time.perf_counter() - start
 
   run(1)  # Traces and warms up.
@@ -138,16 +155,49 @@ def peak_bytes(run: Callable[[int], float]) -> int:
   return tf.config.experimental.get_memory_info("CPU:0")["peak"]
 
 
+def overlap(run: Callable[[int], float], num_steps: int) -> float:
+  """The share of the time a MatMul runs in which another runs too, from a
+  profiler trace of `run(num_steps)`."""
+  with tempfile.TemporaryDirectory() as directory:
+    tf.profiler.experimental.start(directory)
+    run(num_steps)
+    tf.profiler.experimental.stop()
+    space = xplane_pb2.XSpace()
+    path = glob.glob(os.path.join(directory, "**", "*.xplane.pb"),
+                     recursive=True)[0]
+    with open(path, "rb") as f:
+      space.ParseFromString(f.read())
+  edges = []
+  for plane in space.planes:
+    if plane.name != "/host:CPU":
+      continue
+    for line in plane.lines:
+      for event in line.events:
+        if "MatMul" in plane.event_metadata[event.metadata_id].name:
+          start = line.timestamp_ns * 1000 + event.offset_ps
+          edges += [(start, 1), (start + event.duration_ps, -1)]
+  running, last, busy, together = 0, None, 0, 0
+  for time_ps, change in sorted(edges):
+    if last is not None:
+      busy += (time_ps - last) if running >= 1 else 0
+      together += (time_ps - last) if running >= 2 else 0
+    running, last = running + change, time_ps
+  return together / busy if busy else 0.0
+
+
 def time_rounds(contenders: Dict[str, Callable[[int], float]]
-                ) -> Dict[str, List[float]]:
-  """Steps/s of every contender per round, the order rotating."""
+                ) -> Tuple[Dict[str, List[float]], Dict[str, List[float]]]:
+  """Steps/s and CPU seconds per step of every contender per round, the
+  order rotating."""
   names = list(contenders)
-  found = {name: [] for name in names}
+  rates = {name: [] for name in names}
+  cpu = {name: [] for name in names}
   for round_index in range(FLAGS.rounds):
     shift = round_index % len(names)
     for name in names[shift:] + names[:shift]:
-      found[name].append(FLAGS.steps / contenders[name](FLAGS.steps))
-  return found
+      rates[name].append(FLAGS.steps / contenders[name](FLAGS.steps))
+      cpu[name].append(contenders[name].cpu_seconds / FLAGS.steps)
+  return rates, cpu
 
 
 def main(argv):
@@ -171,13 +221,13 @@ def main(argv):
                 "naive": build_contender(task, batch, num_stages, 1)}
   for m in values:
     contenders[f"M={m}"] = build_contender(task, batch, num_stages, m)
-  rates = time_rounds(contenders)
+  rates, cpu = time_rounds(contenders)
   print(f"K={num_stages} stages of {FLAGS.layers_per_stage} x {FLAGS.width}"
         f" units, batch {FLAGS.batch}, {FLAGS.rounds} rounds of "
         f"{FLAGS.steps} steps; ratios: median over rounds of the ratio "
         "within a round")
   print(f"{'contender':>10} {'steps/s':>8} {'vs naive':>9} {'ideal':>6} "
-        f"{'of ideal':>9}")
+        f"{'of ideal':>9} {'overlap':>8} {'cpu/step':>9}")
   figures = {}
   for name, found in rates.items():
     ratio = statistics.median(
@@ -185,13 +235,18 @@ def main(argv):
     m = {"one_device": None, "naive": 1}.get(name) or (
         int(name[2:]) if name.startswith("M=") else None)
     best = ideal(num_stages, m) if m else None
+    together = overlap(contenders[name], FLAGS.steps)
+    cpu_ratio = statistics.median(
+        a / b for a, b in zip(cpu[name], cpu["naive"]))
     figures[name] = {"steps_per_s": round(statistics.median(found), 3),
                      "speedup_vs_naive": round(ratio, 3),
-                     "ideal": round(best, 3) if best else None}
+                     "ideal": round(best, 3) if best else None,
+                     "overlap": round(together, 3),
+                     "cpu_vs_naive": round(cpu_ratio, 3)}
     best_text = f"{best:6.2f}" if best else f"{'-':>6}"
     share = f"{ratio / best:9.2f}" if best else f"{'-':>9}"
     print(f"{name:>10} {statistics.median(found):8.2f} {ratio:9.2f} "
-          f"{best_text} {share}")
+          f"{best_text} {share} {together:8.2f} {cpu_ratio:8.2f}x")
   memory_m = REPORTED_M if REPORTED_M in values else values[-1]
   kept = peak_bytes(contenders[f"M={memory_m}"])
   recomputed = peak_bytes(build_contender(task, batch, num_stages, memory_m,

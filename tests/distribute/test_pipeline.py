@@ -19,6 +19,7 @@ import trainer
 from tasks import digits_pipeline
 from trainer import errors
 from trainer import experiment
+from trainer import gin_config
 from trainer.distribute import pipeline
 from trainer.model import optimization
 
@@ -232,3 +233,12 @@ def test_settings_are_checked_on_construction():
   assert pipeline.PipelineConfig(boundaries=["a", "b"]).boundaries == (
       "a", "b")
   assert not pipeline.PipelineConfig().enabled
+
+
+def test_the_gpu_file_stacks_on_the_pipelined_task_file():
+  _, runtime, config = gin_config.load_config(
+      ["gin/digits_pipeline.gin", "gin/runtime/gpu_pipeline.gin"], [])
+  assert runtime.distribution_strategy == "default"
+  assert config.pipeline.boundaries == ("hidden2",)
+  assert config.pipeline.num_microbatches == 4
+  assert config.pipeline.devices == ("/device:GPU:0", "/device:GPU:1")

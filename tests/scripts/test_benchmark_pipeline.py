@@ -24,6 +24,9 @@ def test_reports_each_micro_batch_count_beside_the_ideal():
   assert figures["all"]["M=2"]["ideal"] == 1.333
   assert figures["all"]["naive"]["speedup_vs_naive"] == 1.0
   assert all(figures["peak_bytes"][k] > 0 for k in ("kept", "recomputed"))
+  assert figures["all"]["naive"]["cpu_vs_naive"] == 1.0
+  assert all(0 <= each["overlap"] <= 1 and each["cpu_vs_naive"] > 0
+             for each in figures["all"].values())
   rows = [line.split() for line in lines
           if line.split()[:1] in (["naive"], ["M=2"], ["M=8"])]
   assert [row[0] for row in rows] == ["naive", "M=2", "M=8"]
