@@ -21,6 +21,7 @@ from trainer import errors
 from trainer import experiment
 from trainer import gin_config
 from trainer.distribute import pipeline
+from trainer.model import ema
 from trainer.model import optimization
 
 CPU0 = "/job:localhost/replica:0/task:0/device:CPU:0"
@@ -28,21 +29,24 @@ CPU1 = "/job:localhost/replica:0/task:0/device:CPU:1"
 
 
 def _train(model_dir, steps=20, dump_dir=None, task=None, runtime=None,
-           accumulation_steps=1, **pipeline_args):
-  """Trains the MLP with SGD for `steps` steps in one loop."""
+           accumulation_steps=1, steps_per_loop=None, mode="train",
+           extra=None, **pipeline_args):
+  """Trains the MLP with SGD for `steps` steps in one loop (or loops of
+  `steps_per_loop`); `extra` adds `TrainerConfig` fields."""
+  steps_per_loop = steps_per_loop or steps
   config = trainer.TrainerConfig(
-      train_steps=steps, steps_per_loop=steps, checkpoint_interval=steps,
-      summary_interval=steps, global_batch_size=32,
-      gradient_accumulation_steps=accumulation_steps,
+      train_steps=steps, steps_per_loop=steps_per_loop,
+      checkpoint_interval=steps_per_loop, summary_interval=steps_per_loop,
+      global_batch_size=32, gradient_accumulation_steps=accumulation_steps,
       optimizer=optimization.OptimizerConfig(name="sgd", learning_rate=0.1),
-      pipeline=pipeline.PipelineConfig(**pipeline_args))
+      pipeline=pipeline.PipelineConfig(**pipeline_args), **(extra or {}))
   if dump_dir:
     tf.debugging.experimental.enable_dump_debug_info(
         str(dump_dir), tensor_debug_mode="NO_TENSOR",
         circular_buffer_size=-1)
   try:
     experiment.run(task or digits_pipeline.DigitsPipelineMLP(hidden_units=32),
-                   "train", str(model_dir),
+                   mode, str(model_dir),
                    runtime or trainer.RuntimeConfig(seed=3), config)
   finally:
     if dump_dir:
@@ -97,6 +101,41 @@ def test_batch_norm_normalises_each_micro_batch(tmp_path):
   assert len(piped) == 26  # 5 dense, 4 batch norms with moving averages.
   assert relative_difference(piped, accumulated) <= 1e-6
   assert relative_difference(piped, whole) > 1e-3
+
+
+def test_a_resumed_pipelined_run_is_bit_identical(tmp_path):
+  # With clipping and EMA (its averages evaluated and saved): 10 steps, a
+  # new run resuming to 20, against 20 steps in one run.
+  extra = dict(gradient_clip_norm=0.5, ema=ema.EmaConfig(decay=0.9))
+  common = dict(steps_per_loop=5, mode="train_and_eval", extra=extra,
+                boundaries=["hidden2"], num_microbatches=4,
+                runtime=trainer.RuntimeConfig(seed=3, deterministic=True))
+  _train(tmp_path / "resumed", steps=10, **common)
+  _train(tmp_path / "resumed", steps=20, **common)
+  _train(tmp_path / "straight", steps=20, **common)
+  resumed = helpers.checkpoint_numbers(
+      tf.train.latest_checkpoint(str(tmp_path / "resumed")))
+  straight = helpers.checkpoint_numbers(
+      tf.train.latest_checkpoint(str(tmp_path / "straight")))
+  assert sorted(resumed) == sorted(straight)
+  assert len([k for k in resumed if "average" in k]) == 10, sorted(resumed)
+  for key, value in resumed.items():
+    assert np.array_equal(value, straight[key]), key
+
+
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+def test_mixed_precision_trains_pipelined(tmp_path, precision, capsys):
+  weights = _train(tmp_path / "run", steps=5, boundaries=["hidden2"],
+                   num_microbatches=2, runtime=trainer.RuntimeConfig(
+                       seed=3, mixed_precision_dtype=precision))
+  assert len(weights) == 10
+  # Variables stay float32; the computation ran in `precision`.
+  assert all(w.dtype == np.float32 and np.isfinite(w).all()
+             for w in weights.values())
+  assert "pipeline | 2 stages" in capsys.readouterr().out
+  # float16 scales the loss, and the scale is summarised; bfloat16 does not.
+  tags = helpers.read_tags(str(tmp_path / "run" / "train"))
+  assert ("loss_scale" in tags) == (precision == "float16"), tags
 
 
 def _executed_ops(dump_dir):
