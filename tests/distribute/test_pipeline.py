@@ -17,6 +17,7 @@ from tensorflow.python.debug.lib import debug_events_reader
 import helpers
 import trainer
 from tasks import digits_pipeline
+from tasks import split_digits
 from trainer import errors
 from trainer import experiment
 from trainer import gin_config
@@ -76,6 +77,21 @@ def test_the_pipelined_step_equals_the_unpipelined_one(tmp_path, capsys):
           in out), out
   assert ("placement | /device:CPU:1: 6 variable(s), 2,442 parameters "
           "(hidden3/kernel, hidden3/bias, hidden4/kernel, hidden4/bias, ...)"
+          in out), out
+
+
+def test_a_staged_model_is_pipelined_in_its_own_stages(tmp_path, capsys):
+  task = split_digits.SplitDigitsMLP(hidden_units=32)
+  whole = _train(tmp_path / "whole", task=task)
+  piped = _train(tmp_path / "piped", task=task, task_stages=True,
+                 num_microbatches=4)
+  assert len(whole) == 8
+  assert relative_difference(piped, whole) <= 1e-6
+  out = capsys.readouterr().out
+  assert ("pipeline | 2 stages: flatten..hidden2 on /device:CPU:0 | "
+          "hidden3..logits on /device:CPU:1; 4 micro-batch(es)") in out, out
+  assert ("placement | /device:CPU:1: 4 variable(s), 698 parameters "
+          "(hidden3/kernel, hidden3/bias, logits/kernel, logits/bias)"
           in out), out
 
 
