@@ -5,6 +5,7 @@ line."""
 
 import collections
 import os
+import signal
 import subprocess
 import sys
 
@@ -297,3 +298,42 @@ def test_the_gpu_file_stacks_on_the_pipelined_task_file():
   assert config.pipeline.boundaries == ("hidden2",)
   assert config.pipeline.num_microbatches == 4
   assert config.pipeline.devices == ("/device:GPU:0", "/device:GPU:1")
+
+
+def _cli_args(train_steps, model_dir):
+  return ["--gin_file=gin/digits_pipeline.gin",
+          "--gin_param=runtime.deterministic=True",
+          "--gin_param=trainer.steps_per_loop=10",
+          "--gin_param=trainer.summary_interval=10",
+          "--gin_param=trainer.checkpoint_interval=20",
+          f"--gin_param=trainer.train_steps={train_steps}",
+          "--mode=train", f"--model_dir={model_dir}"]
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_pipelined_run_that_resumes_exactly(tmp_path):
+  model_dir = tmp_path / "stopped"
+  stopped = helpers.TrainProcess(_cli_args(100000, model_dir))
+  try:
+    stopped.wait_for(r"saved checkpoint .*ckpt-20$", timeout=120)
+    stopped.process.send_signal(signal.SIGTERM)
+    assert stopped.finish() == 42, stopped.stderr[-2000:]
+  finally:
+    stopped.close()
+  saved = helpers.checkpoint_step(str(model_dir))
+  assert saved >= 20 and saved % 10 == 0
+
+  final = saved + 30
+  resumed = helpers.TrainProcess(_cli_args(final, model_dir))
+  assert resumed.finish() == 0, resumed.stderr[-2000:]
+  assert f"restored checkpoint {model_dir}/ckpt-{saved} at step {saved}" in (
+      resumed.output)
+  straight = helpers.TrainProcess(_cli_args(final, tmp_path / "straight"))
+  assert straight.finish() == 0, straight.stderr[-2000:]
+  ours = helpers.checkpoint_numbers(str(model_dir))
+  reference = helpers.checkpoint_numbers(str(tmp_path / "straight"))
+  assert sorted(ours) == sorted(reference)
+  for name in reference:
+    if name != "save_counter/.ATTRIBUTES/VARIABLE_VALUE":
+      np.testing.assert_array_equal(ours[name], reference[name],
+                                    err_msg=name)
