@@ -36,12 +36,13 @@ def _train(model_dir, steps=20, dump_dir=None, task=None, runtime=None,
   """Trains the MLP with SGD for `steps` steps in one loop (or loops of
   `steps_per_loop`); `extra` adds `TrainerConfig` fields."""
   steps_per_loop = steps_per_loop or steps
-  config = trainer.TrainerConfig(
+  fields = dict(
       train_steps=steps, steps_per_loop=steps_per_loop,
       checkpoint_interval=steps_per_loop, summary_interval=steps_per_loop,
       global_batch_size=32, gradient_accumulation_steps=accumulation_steps,
       optimizer=optimization.OptimizerConfig(name="sgd", learning_rate=0.1),
-      pipeline=pipeline.PipelineConfig(**pipeline_args), **(extra or {}))
+      pipeline=pipeline.PipelineConfig(**pipeline_args))
+  config = trainer.TrainerConfig(**dict(fields, **(extra or {})))
   if dump_dir:
     tf.debugging.experimental.enable_dump_debug_info(
         str(dump_dir), tensor_debug_mode="NO_TENSOR",
@@ -153,6 +154,18 @@ def test_mixed_precision_trains_pipelined(tmp_path, precision, capsys):
   # float16 scales the loss, and the scale is summarised; bfloat16 does not.
   tags = helpers.read_tags(str(tmp_path / "run" / "train"))
   assert ("loss_scale" in tags) == (precision == "float16"), tags
+
+
+def test_the_nonfinite_guard_stops_a_pipelined_run(tmp_path):
+  with pytest.raises(errors.NonFiniteError) as raised:
+    _train(tmp_path / "run", steps=20, steps_per_loop=5,
+           boundaries=["hidden2"], num_microbatches=2,
+           extra=dict(optimizer=optimization.OptimizerConfig(
+               name="sgd", learning_rate=1e30)))
+  assert str(raised.value) == (
+      "the training loss is not finite at step 2; no checkpoint was saved "
+      "before it.")
+  assert raised.value.step == 2
 
 
 def _executed_ops(dump_dir):
