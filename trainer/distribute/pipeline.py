@@ -127,6 +127,8 @@ def set_up(config: PipelineConfig,
       "used with a pipeline, whose stages run on several.")
   if config.boundaries is not None:
     pick_devices(config, len(config.boundaries) + 1)
+  elif config.devices is not None:
+    pick_devices(config, len(config.devices))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,9 +223,10 @@ def build(model: tf_keras.Model, config: PipelineConfig,
 def pick_devices(config: PipelineConfig, num_stages: int) -> List[str]:
   """Returns the device of each of `num_stages` stages.
 
-  `pipeline.devices` if set; else the first `num_stages` GPUs; else the
-  host CPU split into `num_stages` logical devices (or the first of those
-  it was split into already).
+  `pipeline.devices` if set (the CPU split to have the CPUs they name);
+  else the first `num_stages` GPUs; else the host CPU split into
+  `num_stages` logical devices (or the first of those it was split into
+  already).
 
   Raises:
     errors.ConfigError: If there are fewer devices than stages, or a named
@@ -257,10 +260,14 @@ def pick_devices(config: PipelineConfig, num_stages: int) -> List[str]:
   _split_cpu(num_stages)
   have = len(tf.config.list_logical_devices("CPU"))
   if have < num_stages:
+    # The Task's stages are counted once the model exists, after the inputs
+    # started TensorFlow's devices: only named devices are made in time.
+    remedy = ("name them in `pipeline.devices`" if config.task_stages else
+              "start a new process")
     raise errors.ConfigError(
         f"the pipeline has {num_stages} stages, more than the {have} CPU "
         "device(s) TensorFlow had already made: cut the model into fewer "
-        "stages, or start a new process.")
+        f"stages, or {remedy}.")
   return [f"/device:CPU:{i}" for i in range(num_stages)]
 
 
