@@ -85,3 +85,14 @@ def test_the_shipped_pipeline_reaches_the_bar_resumes_whole_and_back(
       third.stdout)
   assert "pipeline | 2 stages" in third.stdout
   assert helpers.checkpoint_step(str(tmp_path / "runs" / "pipe")) == 1200
+
+
+def test_a_bad_micro_batch_count_is_one_line_and_exit_2(tmp_path):
+  run = helpers.run_cli([PIPELINE, f"--model_dir={tmp_path / 'run'}",
+                         "--gin_param=pipeline.num_microbatches=3"])
+  assert run.returncode == 2, run.stderr[-3000:]
+  assert run.stderr.strip().splitlines()[-1] == (
+      "train.py: error: `pipeline.num_microbatches` (3) does not divide the "
+      "64 example(s) of each step (`trainer.global_batch_size` per replica "
+      "and accumulation step) into equal micro-batches.")
+  assert not (tmp_path / "run").exists()
