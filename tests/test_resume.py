@@ -2,7 +2,7 @@
 ends with the same weights and optimizer state, bit for bit, as a run that
 was never interrupted (`runtime.deterministic=True`): digits on one device
 and 2 replicas, a model split over 2 devices, a Task with several models
-and optimizers. Real processes. (The tf.data service's batches come in no
+and optimizers, a model pipelined over 2 devices. Real processes. (The tf.data service's batches come in no
 reproducible order: its campaign, in test_data_service.py, checks the
 resume step instead.)"""
 
@@ -19,7 +19,8 @@ import helpers
 # and a Task with three models and optimizers (the conditional GAN).
 GIN_FILES = {"one_device": "gin/digits.gin", "mirrored": "gin/digits.gin",
              "split_model": "gin/split_digits.gin",
-             "several_models": "gin/digits_gan.gin"}
+             "several_models": "gin/digits_gan.gin",
+             "pipeline": "gin/digits_pipeline.gin"}
 
 
 def _args(strategy, train_steps, model_dir):
@@ -45,6 +46,7 @@ def _args(strategy, train_steps, model_dir):
     pytest.param("split_model", 2, marks=pytest.mark.slow),
     pytest.param("several_models", 1, marks=pytest.mark.slow),
     pytest.param("several_models", 2, marks=pytest.mark.slow),
+    pytest.param("pipeline", 1, marks=pytest.mark.slow),
 ])
 def test_sigkill_at_a_random_moment_then_restart_is_exact(
     tmp_path, strategy, seed):

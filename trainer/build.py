@@ -29,6 +29,7 @@ from trainer.data import inputs as inputs_lib
 from trainer.data import service as data_service
 from trainer.distribute import cluster
 from trainer.distribute import parameter_server
+from trainer.distribute import pipeline
 from trainer.distribute import placement
 from trainer.distribute import strategy as strategy_lib
 from trainer.loop import continuous_eval
@@ -42,6 +43,7 @@ from trainer.loop import runners
 from trainer.loop import scheduled_trainer
 from trainer.model import gradients
 from trainer.model import named
+from trainer.model import pipelined
 from trainer.model import precision
 from trainer.model import scaling
 from trainer.model import seeds
@@ -175,8 +177,23 @@ def trainer(task: task_lib.Task, train_state: state_lib.TrainState,
       task, train_state.model, train_state.optimizer, train_state.strategy,
       train_input, train_state.global_step, run_eagerly=runtime.run_eagerly,
       enable_xla=runtime.enable_xla,
-      step_options=gradients.StepOptions.from_config(config),
+      step_options=_step_options(task, train_state, config),
       check_loss_scaling=config.check_loss_scaling)
+
+
+def _step_options(task: task_lib.Task, train_state: state_lib.TrainState,
+                  config: TrainerConfig) -> gradients.StepOptions:
+  """The default train step's options; a pipelined model's forward and
+  backward pass in place of `Task.compute_gradients`."""
+  options = gradients.StepOptions.from_config(config)
+  if train_state.stages is None:
+    return options
+  examples = (config.global_batch_size //
+              train_state.strategy.num_replicas_in_sync //
+              config.gradient_accumulation_steps)
+  return dataclasses.replace(options, gradient_fn=pipelined.gradient_fn(
+      task, train_state.stages, config.pipeline,
+      micro_batch_examples=examples))
 
 
 def parts(task: task_lib.Task, mode: str, setup: Process,
@@ -190,6 +207,8 @@ def parts(task: task_lib.Task, mode: str, setup: Process,
   console.log(f"strategy {type(strategy).__name__} with "
               f"{strategy.num_replicas_in_sync} replica(s); worker "
               f"{worker.worker_index} of {worker.num_workers}")
+  # Before the inputs, which start TensorFlow's devices.
+  pipeline.set_up(config.pipeline, runtime)
   train_input, eval_input = inputs_lib.for_mode(
       task, strategy, config, runtime, worker, training, evaluating)
   built_state = state(task, setup,
@@ -228,6 +247,7 @@ def _report_placement(built_state: state_lib.TrainState,
   lines = []
   for model in named.named(built_state.model).values():
     if (runtime.model_parallel_devices > 1 or
+        built_state.stages is not None or
         parameter_server.uses(built_state.strategy)):
       lines += placement.variables_by_device(model)
     if parameter_server.uses(built_state.strategy):

@@ -4,7 +4,8 @@ The features around the loop have small configurables of their own, each
 bound under its own name and held here as one field: `optimizer.*`,
 `learning_rate.*`, `ema.*` (`trainer.optimization`), `warm_start.*`
 (`trainer.warm_start`), `export.*` (`trainer.exports`), `best_checkpoint.*`
-and `early_stopping.*` (`trainer.actions`). Every value is checked when the
+and `early_stopping.*` (`trainer.actions`), `pipeline.*`
+(`trainer.distribute.pipeline`). Every value is checked when the
 configuration is built, before TensorFlow starts.
 """
 
@@ -15,6 +16,7 @@ import gin
 
 from trainer import actions
 from trainer import checks
+from trainer.distribute import pipeline as pipeline_lib
 from trainer.loop import profiler
 from trainer.loop import rollback
 from trainer.model import ema as ema_lib
@@ -110,6 +112,7 @@ class TrainerConfig:
     export: `export.*`.
     best_checkpoint: `best_checkpoint.*`.
     early_stopping: `early_stopping.*`.
+    pipeline: `pipeline.*`.
   """
   train_steps: int = 1000
   steps_per_loop: int = 100
@@ -148,6 +151,7 @@ class TrainerConfig:
       actions.BestCheckpointConfig)
   early_stopping: actions.EarlyStoppingConfig = _bound(
       actions.EarlyStoppingConfig)
+  pipeline: pipeline_lib.PipelineConfig = _bound(pipeline_lib.PipelineConfig)
 
   def __post_init__(self):
     optimizer_parts_lib.check(self.optimizer_parts,

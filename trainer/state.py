@@ -9,7 +9,7 @@ evaluated, exported and fingerprinted.
 
 import dataclasses
 import hashlib
-from typing import Callable, ContextManager, Dict, Optional, Union
+from typing import Callable, ContextManager, Dict, Optional, Tuple, Union
 
 import orbit
 import tensorflow as tf
@@ -20,6 +20,7 @@ from trainer import config as config_lib
 from trainer import console
 from trainer import errors
 from trainer import runtime as runtime_lib
+from trainer.distribute import pipeline
 from trainer.distribute import placement
 from trainer.model import ema
 from trainer.model import gradients
@@ -41,12 +42,14 @@ class TrainState:
       modes without EMA.
     global_step: The global step.
     strategy: The strategy the variables were made in.
+    stages: The model's pipeline stages (`pipeline.*`); None unpipelined.
   """
   model: Union[tf_keras.Model, Dict[str, tf_keras.Model]]
   optimizer: Union[None, tf_keras.optimizers.Optimizer,
                    Dict[str, tf_keras.optimizers.Optimizer]]
   global_step: tf.Variable
   strategy: tf.distribute.Strategy
+  stages: Optional[pipeline.Stages] = None
 
   def step(self) -> int:
     """The global step, read from the device."""
@@ -91,10 +94,15 @@ def build(task: task_lib.Task, strategy: tf.distribute.Strategy,
       the task's, unscaled, unaveraged and not loss-scaled (`check_task`'s
       plain SGD); None for the task's.
   """
+  pipeline.set_up(config.pipeline, runtime)
   model_devices = placement.configure(runtime.model_parallel_devices)
   with strategy.scope(), placement.building(model_devices):
     model = task.build_model()
     named.check_models(type(task).__name__, model)
+    stages = None
+    if config.pipeline.enabled:
+      model, stages = _pipelined(type(task).__name__, model, element_spec,
+                                 config.pipeline)
     for name, each in named.named(model).items():
       ensure_built(each, element_spec, name)
     global_step = orbit.utils.create_global_step()
@@ -115,7 +123,24 @@ def build(task: task_lib.Task, strategy: tf.distribute.Strategy,
       models = named.named(model)
       for name, each in named.named(optimizer).items():
         optimization.create_slots(each, models[name].trainable_variables)
-  return TrainState(model, optimizer, global_step, strategy)
+  return TrainState(model, optimizer, global_step, strategy, stages)
+
+
+def _pipelined(task_name: str, model, element_spec,
+               config: pipeline.PipelineConfig
+               ) -> Tuple[tf_keras.Model, pipeline.Stages]:
+  """Cuts the task's model into its pipeline stages, built on their
+  devices (`trainer.distribute.pipeline.build`).
+
+  Raises:
+    errors.ConfigError: For several models, and see `pipeline.build`.
+  """
+  if named.several(model):
+    raise errors.ConfigError(
+        f"{task_name} builds several models ({', '.join(model)}); a "
+        "pipeline (`pipeline.boundaries`/`task_stages`) cuts one.")
+  return pipeline.build(model, config,
+                        lambda each: ensure_built(each, element_spec))
 
 
 def ensure_built(model: tf_keras.Model, element_spec, name: str = "") -> None:

@@ -14,9 +14,9 @@ model parallelism is off. The framework builds the model inside
 step computes the backward pass of each part on that part's device
 (`gradients`).
 
-What TensorFlow does not offer, and this module does not pretend to:
-pipelining (micro-batches flowing through the parts so that every device
-works at once: here each part waits for the one before it), and automatic
+Here each part waits for the one before it; `trainer.distribute.pipeline`
+feeds the parts in micro-batches so that every device works at once. What
+TensorFlow does not offer, and this module does not pretend to: automatic
 splitting of a layer or a graph over devices (TPUStrategy's
 `experimental_split_to_logical_devices` is TPU-only).
 """
