@@ -164,13 +164,13 @@ class TrialProcess:
     step = _last_step(lines)
     found = evaluations(self._model_dir, self._metric)
     last = found[max(found)] if found else None
+    if pruned:
+      return Outcome(PRUNED, last, step, seconds,
+                     f"pruned at step {max(reported)}")
     if stopped or returncode == self._preemption_exit_code:
       # Preempted (the sweep stopped, or a scheduler signalled the job):
       # checkpoint saved, to be resumed.
       return Outcome(STOPPED, last, step, seconds)
-    if pruned:
-      return Outcome(PRUNED, last, step, seconds,
-                     f"pruned at step {max(reported)}")
     if returncode != 0:
       return Outcome(FAIL, last, step, seconds, cause(lines, returncode))
     if last is None:

@@ -413,11 +413,11 @@ def test_every_trial_failing_stops_with_the_first_cause(tmp_path):
 @pytest.mark.slow
 def test_median_pruning_stops_a_bad_trial_early(tmp_path):
   sweep_dir = str(tmp_path / "sweep")
-  # GridSampler, seed 0, takes 0.01 first: the median pruner (one trial to
+  # GridSampler, seed 1, takes 0.01 first: the median pruner (one trial to
   # start with) then has a curve to compare 1e-6 against.
   result = run_sweep(sweep_args(
       sweep_dir, "--space=optimizer.learning_rate=[0.01, 1e-06]",
-      "--sampler=grid", "--seed=0", "--n_trials=2", "--metric=accuracy",
+      "--sampler=grid", "--seed=1", "--n_trials=2", "--metric=accuracy",
       "--pruner=median", "--pruner_startup_trials=1",
       "--gin_param=trainer.train_steps=1000",
       "--gin_param=trainer.steps_per_loop=10",
