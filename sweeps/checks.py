@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import List, Sequence
+from typing import Any, Dict, List, Sequence
 
 import gin
 
@@ -78,31 +78,56 @@ def _results_names(line: str) -> List[str]:
   return [part.rsplit(" ", 1)[0] for part in line.split(" | ")[2:]]
 
 
-def dry_run_metrics(gin_files: Sequence[str], gin_params: Sequence[str],
-                    point: dict) -> List[str]:
-  """Runs `train.py --dry_run` on one trial's configuration; returns the
-  names of its evaluation's results.
+class DryRun:
+  """`train.py --dry_run` on one trial's configuration, started at once in
+  the background (it takes seconds: TensorFlow starts, the model is built
+  and traced), while the sweep checks the rest.
 
-  Raises:
-    errors.ConfigError: The dry run failed; the line is its error.
+  Args:
+    gin_files: The sweep's `--gin_file`s.
+    gin_params: The sweep's `--gin_param`s.
+    point: The trial's bindings, `{binding: gin text}`.
   """
-  bindings = list(gin_params) + space_lib.gin_params(point)
-  with tempfile.TemporaryDirectory(prefix="sweep-dry-run-") as directory:
-    argv = trial_run.command(gin_files, bindings, SWEPT_MODE,
-                             os.path.join(directory, "trial"))
-    done = subprocess.run([sys.executable, *argv[1:], "--dry_run"],
-                          capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
-  lines = [line for line in (done.stdout + done.stderr).splitlines() if line]
-  if done.returncode != 0:
-    cause = trial_run.cause(lines, done.returncode)
-    raise errors.ConfigError(
-        f"the dry run of a trial ({' '.join(space_lib.gin_params(point))}) "
-        f"failed: {cause}")
-  for line in lines:
-    if line.startswith("dry run | ok:"):
-      return _results_names(line)
-  return []
+
+  def __init__(self, gin_files: Sequence[str], gin_params: Sequence[str],
+               point: Dict[str, Any]):
+    self._bindings = space_lib.gin_params(point)
+    self._directory = tempfile.TemporaryDirectory(prefix="sweep-dry-run-")
+    # A model_dir that does not exist: the dry run neither reads nor
+    # writes it.
+    argv = trial_run.command(gin_files, list(gin_params) + self._bindings,
+                             SWEPT_MODE,
+                             os.path.join(self._directory.name, "trial"))
+    self._process = subprocess.Popen(
+        [sys.executable, *argv[1:], "--dry_run"], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+  def metrics(self) -> List[str]:
+    """Waits for the dry run; returns the names of its evaluation's
+    results.
+
+    Raises:
+      errors.ConfigError: The dry run failed; the line is its error.
+    """
+    output, _ = self._process.communicate()
+    self._directory.cleanup()
+    lines = [line for line in output.splitlines() if line]
+    if self._process.returncode != 0:
+      raise errors.ConfigError(
+          f"the dry run of a trial ({' '.join(self._bindings)}) failed: "
+          f"{trial_run.cause(lines, self._process.returncode)}")
+    for line in lines:
+      if line.startswith("dry run | ok:"):
+        return _results_names(line)
+    return []
+
+  def cancel(self) -> None:
+    """Ends the dry run if it still runs."""
+    if self._process.poll() is None:
+      self._process.kill()
+      self._process.communicate()
+    self._directory.cleanup()
 
 
 def check_metric(metric: str, names: Sequence[str]) -> None:

@@ -8,6 +8,7 @@ line and exit code 2, and nothing written.
 import os
 import signal
 import sys
+import time
 from typing import List
 
 from absl import flags
@@ -45,7 +46,9 @@ flags.DEFINE_enum("direction", "maximize", study_lib.DIRECTIONS,
                   "Whether a higher or a lower metric is better.")
 flags.DEFINE_integer("n_trials", 10, "Trials in the study at the end, those "
                      "of earlier runs of the sweep included.", lower_bound=1)
-flags.DEFINE_enum("sampler", "tpe", study_lib.SAMPLERS, "Optuna's sampler.")
+flags.DEFINE_enum("sampler", "auto", ("auto",) + study_lib.SAMPLERS,
+                  "Optuna's sampler; auto: grid when every --space is a "
+                  "list, else tpe.")
 flags.DEFINE_integer("seed", 0, "Seed of the sampler.")
 flags.DEFINE_enum("pruner", "none", study_lib.PRUNERS, "Optuna's pruner, fed "
                   "each evaluation of the metric.")
@@ -93,6 +96,14 @@ def report_only(sweep_dir: str) -> int:
   return 0
 
 
+def sampler_kind(space) -> str:
+  """`--sampler`; `auto` is a grid where every dimension is a list (TPE
+  would sample some points twice and miss others), else TPE."""
+  if FLAGS.sampler != "auto":
+    return FLAGS.sampler
+  return ("grid" if all(d.kind == "choice" for d in space) else "tpe")
+
+
 def prepare(sweep_dir: str):
   """Checks every input; returns the plan, the study's identity, and
   whether the study exists already. Writes nothing.
@@ -105,42 +116,49 @@ def prepare(sweep_dir: str):
   checks.check_mode(FLAGS.mode)
   space = space_lib.parse_space(FLAGS.space)
   total = FLAGS.n_trials
-  if FLAGS.sampler == "grid":
+  if sampler_kind(space) == "grid":
     space_lib.grid(space)
     checks.check_grid(space_lib.grid_size(space), FLAGS.n_trials)
     total = space_lib.grid_size(space)
   wanted = study_lib.identity(space, FLAGS.metric, FLAGS.direction,
                               FLAGS.gin_file, FLAGS.gin_param, FLAGS.mode)
-  config = checks.load_trial_configs(FLAGS.gin_file, FLAGS.gin_param, space)
   exists = study_lib.exists(sweep_dir, FLAGS.storage)
-  if exists:
-    study_lib.check_identity(
-        optuna.load_study(
-            study_name=study_lib.name(sweep_dir),
-            storage=study_lib.open_storage(sweep_dir, FLAGS.storage)),
-        wanted, sweep_dir)
-  else:
-    names = checks.dry_run_metrics(FLAGS.gin_file, FLAGS.gin_param,
-                                   space_lib.first_point(space))
-    checks.check_metric(FLAGS.metric, names)
+  dry_run = None if exists else checks.DryRun(
+      FLAGS.gin_file, FLAGS.gin_param, space_lib.first_point(space))
+  try:
+    config = checks.load_trial_configs(FLAGS.gin_file, FLAGS.gin_param,
+                                       space)
+    if exists:
+      study_lib.check_identity(
+          optuna.load_study(
+              study_name=study_lib.name(sweep_dir),
+              storage=study_lib.open_storage(sweep_dir, FLAGS.storage)),
+          wanted, sweep_dir)
+    else:
+      checks.check_metric(FLAGS.metric, dry_run.metrics())
+  finally:
+    if dry_run:
+      dry_run.cancel()
   return _plan(sweep_dir, space, config, total), wanted, exists
 
 
 def sweep(sweep_dir: str) -> int:
   """Runs the sweep; returns the exit code."""
+  started = time.monotonic()
   plan, wanted, exists = prepare(sweep_dir)
   os.makedirs(sweep_dir, exist_ok=True)
   with locks.held(os.path.join(sweep_dir, locks.CLAIMS)):
     study = study_lib.open_study(
         sweep_dir, FLAGS.storage, wanted,
-        study_lib.sampler(FLAGS.sampler, FLAGS.seed, plan.space),
+        study_lib.sampler(sampler_kind(plan.space), FLAGS.seed, plan.space),
         study_lib.pruner(FLAGS.pruner, FLAGS.pruner_startup_trials))
     if not exists:
       hparams.write_experiment(sweep_dir, plan.space, plan.metric)
   done = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
   console.info(f"sweep | {sweep_dir}: {done} of {plan.total} trials done | "
-               f"{FLAGS.sampler} sampler, {FLAGS.pruner} pruner, "
-               f"{FLAGS.parallel} at once | {plan.metric}, {FLAGS.direction}")
+               f"{sampler_kind(plan.space)} sampler, {FLAGS.pruner} pruner, "
+               f"{FLAGS.parallel} at once | {plan.metric}, {FLAGS.direction} "
+               f"| checked in {time.monotonic() - started:.1f} s")
   runner = worker.Sweep(study, plan)
   for signum in (signal.SIGTERM, signal.SIGINT):
     signal.signal(signum, lambda *_: runner.stop.set())

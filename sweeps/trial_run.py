@@ -104,6 +104,16 @@ def _last_step(lines: Sequence[str]) -> int:
   return 0
 
 
+def _exited(process: subprocess.Popen, seconds: float) -> bool:
+  """Waits up to `seconds` for `process` to exit; returns whether it did
+  (at once when it does, so the next trial starts without a wait)."""
+  try:
+    process.wait(timeout=seconds)
+  except subprocess.TimeoutExpired:
+    return False
+  return True
+
+
 class TrialProcess:
   """A trial's `train.py` process, output appended to `model_dir/sweep.log`.
 
@@ -143,8 +153,8 @@ class TrialProcess:
           stdin=subprocess.DEVNULL, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     reported = set()
     pruned = stopped = False
-    while process.poll() is None:
-      if stop.wait(poll_seconds):
+    while not _exited(process, poll_seconds):
+      if stop.is_set():
         stopped = True
         process.send_signal(signal.SIGTERM)
         break
