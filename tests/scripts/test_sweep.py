@@ -133,17 +133,21 @@ def test_space_errors():
 # The study and the report.
 
 
-def test_a_study_refuses_another_space_or_metric(tmp_path):
+@pytest.mark.parametrize("url", [None, "sqlite:///{}/sweep.db"])
+def test_a_study_refuses_another_space_or_metric(tmp_path, url):
+  url = url and url.format(tmp_path)
   space = space_lib.parse_space(["a.b=[1, 2]"])
   wanted = study_lib.identity(space, "accuracy", "maximize", [DIGITS], [],
                               "train_and_eval")
-  study_lib.open_study(str(tmp_path), None, wanted,
+  assert not study_lib.exists(str(tmp_path), url)
+  study_lib.open_study(str(tmp_path), url, wanted,
                        optuna.samplers.RandomSampler(),
                        optuna.pruners.NopPruner())
-  assert study_lib.exists(str(tmp_path), None)
+  assert study_lib.exists(str(tmp_path), url)
+  assert os.path.exists(tmp_path / ("sweep.db" if url else "study.journal"))
   other = dict(wanted, space=["a.b=[1, 3]"])
   with pytest.raises(errors.ConfigError) as raised:
-    study_lib.open_study(str(tmp_path), None, other,
+    study_lib.open_study(str(tmp_path), url, other,
                          optuna.samplers.RandomSampler(),
                          optuna.pruners.NopPruner())
   assert str(raised.value) == (
@@ -152,7 +156,7 @@ def test_a_study_refuses_another_space_or_metric(tmp_path):
       "--sweep_dir.")
   with pytest.raises(errors.ConfigError, match="has --metric accuracy, not "
                      "loss"):
-    study_lib.open_study(str(tmp_path), None, dict(wanted, metric="loss"),
+    study_lib.open_study(str(tmp_path), url, dict(wanted, metric="loss"),
                          optuna.samplers.RandomSampler(),
                          optuna.pruners.NopPruner())
 
@@ -327,6 +331,15 @@ def test_grid_completes_best_from_event_files_and_hparams(tmp_path):
   assert again.returncode == 0, again.stderr[-2000:]
   assert " start | " not in again.stdout
   assert f"sweep | {sweep_dir}: 4 of 4 trials done" in again.stdout
+  # The same sweep_dir with another metric: one line, exit 2.
+  before = helpers.snapshot(sweep_dir)
+  other = run_sweep(sweep_args(sweep_dir, *GRID[:-1], "--metric=loss",
+                               "--direction=minimize"))
+  assert other.returncode == 2, other.stderr[-2000:]
+  assert other.stderr.strip().splitlines() == [
+      f"sweep.py: error: the sweep in {sweep_dir} has --metric accuracy, "
+      "not loss: rerun it with its own flags, or give a new --sweep_dir."]
+  assert helpers.snapshot(sweep_dir) == before
 
 
 @pytest.mark.slow
@@ -376,6 +389,29 @@ def test_parallel_workers_run_no_trial_twice(tmp_path):
   for row in rows:
     text = open(os.path.join(row["model_dir"], "sweep.log")).read()
     assert text.count("run | DigitsClassification") == 1
+
+
+@pytest.mark.slow
+def test_two_sweep_processes_share_the_study(tmp_path):
+  sweep_dir = str(tmp_path / "sweep")
+  # The second starts once the first has made the study: both then run.
+  first = subprocess.Popen(
+      [sys.executable, SWEEP_PY, *sweep_args(sweep_dir, *GRID)],
+      cwd=helpers.REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True)
+  deadline = time.time() + 120
+  while not os.path.exists(os.path.join(sweep_dir, "trial-0")):
+    assert time.time() < deadline and first.poll() is None
+    time.sleep(0.1)
+  second = run_sweep(sweep_args(sweep_dir, *GRID))
+  out, err = first.communicate(timeout=600)
+  assert first.returncode == 0 and second.returncode == 0, (err, second.stderr)
+  started = [re.findall(r"sweep \| trial (\d) start", text)
+             for text in (out, second.stdout)]
+  assert all(started), started
+  assert sorted(started[0] + started[1]) == list("0123")
+  rows = read_csv(sweep_dir)
+  assert [row["state"] for row in rows] == ["COMPLETE"] * 4
 
 
 @pytest.mark.slow
