@@ -160,8 +160,10 @@ def sweep(sweep_dir: str) -> int:
                f"{FLAGS.parallel} at once | {plan.metric}, {FLAGS.direction} "
                f"| checked in {time.monotonic() - started:.1f} s")
   runner = worker.Sweep(study, plan)
-  for signum in (signal.SIGTERM, signal.SIGINT):
-    signal.signal(signum, lambda *_: runner.stop.set())
+  # SIGUSR1: SLURM's time-limit warning, which the trial gets too (it saves
+  # and requeues the job); without a handler it would kill the sweep.
+  for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+    signal.signal(signum, lambda signum, _: runner.interrupt(signum))
   runner.run(FLAGS.parallel)
   report.print_lines(_report_lines(study, sweep_dir))
   if runner.first_failure:

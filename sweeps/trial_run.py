@@ -130,6 +130,16 @@ class TrialProcess:
     self._model_dir = model_dir
     self._metric = metric
     self._preemption_exit_code = preemption_exit_code
+    self._process: Optional[subprocess.Popen] = None
+    self._signalled = False
+
+  def signal(self, signum: int) -> None:
+    """Sends `signum` to the process if it runs (the sweep passes on its
+    own SIGTERM, SIGINT or SIGUSR1 at once: train.py takes the same signal
+    twice within a second as one)."""
+    self._signalled = True
+    if self._process is not None and self._process.poll() is None:
+      self._process.send_signal(signum)
 
   def run(self, report: Callable[[int, float], bool],
           stop: threading.Event, poll_seconds: float = 1.0) -> Outcome:
@@ -138,9 +148,10 @@ class TrialProcess:
     Args:
       report: Called with each new evaluation's step and metric; returns
         True when the trial should be pruned.
-      stop: Set when the sweep stops: the process is sent SIGTERM (it
-        checkpoints) and the outcome is STOPPED, as it is when the process
-        exits with its preemption code.
+      stop: Set when the sweep stops: the process, unless `signal` passed it
+        the sweep's signal, gets SIGTERM (it checkpoints), and the outcome
+        is STOPPED, as it is when the process exits with its preemption
+        code.
       poll_seconds: Wait between looks at the run's record.
     """
     os.makedirs(self._model_dir, exist_ok=True)
@@ -150,13 +161,16 @@ class TrialProcess:
       offset = log.tell()
       process = subprocess.Popen(
           self._launch_argv(), stdout=log, stderr=subprocess.STDOUT,
-          stdin=subprocess.DEVNULL, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+          stdin=subprocess.DEVNULL,
+          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    self._process = process
     reported = set()
     pruned = stopped = False
     while not _exited(process, poll_seconds):
       if stop.is_set():
         stopped = True
-        process.send_signal(signal.SIGTERM)
+        if not self._signalled:  # Started as the sweep stopped.
+          self.signal(signal.SIGTERM)
         break
       for step, value in sorted(
           evaluations(self._model_dir, self._metric).items()):

@@ -12,7 +12,7 @@ trial.
 import dataclasses
 import os
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import optuna
 from optuna.trial import TrialState
@@ -66,8 +66,8 @@ class Sweep:
   """Runs the plan's trials on a study, with any number of workers.
 
   Attributes:
-    stop: Set to stop every worker; running trials checkpoint and stay
-      RUNNING, to be resumed.
+    stop: Set to stop every worker (`interrupt` sets it); running trials
+      checkpoint and stay RUNNING, to be resumed.
     first_failure: The first failed trial's line, once `stop_after_failures`
       trials failed and none did better; None otherwise.
   """
@@ -77,6 +77,16 @@ class Sweep:
     self._plan = plan
     self.stop = threading.Event()
     self.first_failure: Optional[str] = None
+    self._running: Set[trial_run.TrialProcess] = set()
+    self._running_lock = threading.Lock()
+
+  def interrupt(self, signum: int) -> None:
+    """Stops the sweep on a signal: every running trial gets it at once
+    (it saves a checkpoint and stays RUNNING, to be resumed)."""
+    self.stop.set()
+    with self._running_lock:
+      for process in self._running:
+        process.signal(signum)
 
   def run(self, parallel: int) -> None:
     """Runs `parallel` workers until no trial is left or `stop` is set."""
@@ -151,7 +161,13 @@ class Sweep:
         trial_run.command(plan.gin_files, list(plan.gin_params) + bindings,
                           plan.mode, model_dir),
         model_dir, plan.metric, plan.preemption_exit_code)
-    outcome = process.run(on_evaluation, self.stop, plan.poll_seconds)
+    with self._running_lock:
+      self._running.add(process)
+    try:
+      outcome = process.run(on_evaluation, self.stop, plan.poll_seconds)
+    finally:
+      with self._running_lock:
+        self._running.discard(process)
     seconds = (earlier.user_attrs.get("seconds", 0.0) if earlier else 0.0
                ) + outcome.seconds
     trial.set_user_attr("seconds", round(seconds, 1))

@@ -10,6 +10,7 @@ diverging trial, pruning, HParams) in the slow tests.
 import csv
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -469,3 +470,110 @@ def test_median_pruning_stops_a_bad_trial_early(tmp_path):
   assert bad["cause"] == "pruned at step 100"
   assert int(bad["steps"]) < 1000
   assert helpers.latest_step(bad["model_dir"]) >= 100
+
+
+# A SLURM job array on the one-node cluster of scripts/local_slurm.sh.
+
+SWEEP_SBATCH = os.path.join(helpers.REPO_ROOT, "scripts", "slurm",
+                            "sweep.sbatch")
+LOCAL_SLURM = os.path.join(helpers.REPO_ROOT, "scripts", "local_slurm.sh")
+
+
+@pytest.fixture(scope="module")
+def slurm_env(tmp_path_factory):
+  """Starts the one-node cluster; yields the environment to run its
+  commands in; stops it at the end (as tests/distribute/test_slurm.py)."""
+  if os.geteuid() != 0:
+    pytest.skip("the local SLURM cluster (scripts/local_slurm.sh) runs as "
+                "root")
+  missing = [command for command in ("munged", "slurmctld", "slurmd", "srun",
+                                     "sbatch", "scontrol", "squeue")
+             if shutil.which(command) is None]
+  if missing:
+    pytest.skip(f"{', '.join(missing)} not installed: apt-get install -y "
+                "slurm-wlm munge (.ci/run does, as root)")
+  directory = str(tmp_path_factory.mktemp("slurm"))
+  started = subprocess.run(["bash", LOCAL_SLURM, "start", directory],
+                           capture_output=True, text=True, timeout=120)
+  if started.returncode:
+    pytest.fail(f"local SLURM cluster did not start: {started.stderr}")
+  env = dict(os.environ, SLURM_CONF=os.path.join(directory, "slurm.conf"),
+             PYTHONUNBUFFERED="1", PYTHON=sys.executable)
+  for name in [name for name in env if name.startswith("SLURM_") and
+               name != "SLURM_CONF"] + ["TF_CONFIG"]:
+    env.pop(name, None)  # Not a job of an outer SLURM.
+  yield env
+  subprocess.run(["bash", LOCAL_SLURM, "stop", directory],
+                 capture_output=True, timeout=120)
+
+
+def _queued(env, job):
+  """squeue's `STATE REASON` of `job` ('' once it has left the queue)."""
+  for _ in range(30):
+    listed = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"],
+                            env=env, capture_output=True, text=True,
+                            timeout=30)
+    if listed.returncode == 0:
+      return listed.stdout.strip()
+    time.sleep(1)
+  raise AssertionError(f"squeue failed 30 times: {listed.stderr}")
+
+
+def _release_until_done(env, jobs, timeout):
+  """Waits for `jobs` to leave the queue, starting a requeued one at once
+  (SLURM holds it back for its begin time; 2 s after the requeue, as
+  tests/distribute/test_slurm.py explains)."""
+  deadline = time.time() + timeout
+  for job in jobs:
+    while True:
+      state = _queued(env, job)
+      if not state:
+        break
+      assert time.time() < deadline, f"job {job} still {state}"
+      if state == "PENDING BeginTime":
+        time.sleep(2)
+        subprocess.run(["scontrol", "update", f"jobid={job}",
+                        "StartTime=now"], env=env, check=True, timeout=30)
+      time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_a_slurm_array_shares_the_sweep_and_a_requeued_task_resumes(
+    slurm_env, tmp_path):
+  sweep_dir = tmp_path / "sweep"
+  args = sweep_args(sweep_dir, *GRID, "--gin_param=trainer.train_steps=600",
+                    "--gin_param=trainer.checkpoint_interval=100",
+                    "--gin_param=trainer.validation_interval=200")
+  submitted = subprocess.run(
+      ["sbatch", "--parsable", "--array=0-1",
+       f"--output={tmp_path}/task-%a.out", SWEEP_SBATCH, *args],
+      cwd=helpers.REPO_ROOT, env=slurm_env, capture_output=True, text=True,
+      timeout=60, check=True)
+  job = submitted.stdout.strip().split(";")[0]
+  task_0 = tmp_path / "task-0.out"
+  deadline = time.time() + 240
+  interrupted = None
+  while interrupted is None:
+    assert time.time() < deadline, (
+        task_0.read_text() if task_0.exists() else "no output")
+    for number in re.findall(r"sweep \| trial (\d) start",
+                             task_0.read_text() if task_0.exists() else ""):
+      log = sweep_dir / f"trial-{number}" / "sweep.log"
+      text = log.read_text() if log.exists() else ""
+      if "ckpt-100" in text and "finished at step" not in text:
+        interrupted = number
+    time.sleep(0.2)
+  subprocess.run(["scontrol", "requeue", f"{job}_0"], env=slurm_env,
+                 check=True, timeout=30)
+  _release_until_done(slurm_env, [f"{job}_0", f"{job}_1"], timeout=400)
+  outputs = (task_0.read_text() + (tmp_path / "task-1.out").read_text())
+  rows = read_csv(sweep_dir)
+  assert sorted(row["trial"] for row in rows) == ["0", "1", "2", "3"], (
+      outputs[-3000:])
+  assert [row["state"] for row in rows] == ["COMPLETE"] * 4
+  assert f"sweep | trial {interrupted} resume | " in outputs
+  assert re.search(r"sweep task \d+_0 run 2 on ", task_0.read_text())
+  text = (sweep_dir / f"trial-{interrupted}" / "sweep.log").read_text()
+  assert re.search(r"resuming from ckpt-[1-9]\d*, step [1-9]", text), text
+  assert text.count(": new\n") == 1
+  assert text.count("finished at step 600") == 1
