@@ -19,6 +19,7 @@ Exit codes: 0 done, 1 the first trials all failed, 2 bad input (one line,
 before any trial starts), 42 stopped by a signal (rerun to resume).
 """
 
+import importlib.util
 import os
 import sys
 
@@ -27,9 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
 import trainer  # noqa: E402,F401  Selects Keras 2 before TensorFlow loads.
 
-try:
-  import optuna  # noqa: E402,F401
-except ImportError:
+if importlib.util.find_spec("optuna") is None:
   print("sweep.py: error: optuna is not installed: pip install -e "
         "'.[sweep]' (see docs/sweeps.md)", file=sys.stderr)
   sys.exit(2)

@@ -7,6 +7,7 @@ the best trial's `train.py` command.
     ...
   sweep | trial 3 FAIL: error: the training loss is not finite at step 2; ...
   sweep | results in runs/sweep/results.csv
+  sweep | accuracy against each binding in runs/sweep/results.png
   best | trial 1 | accuracy 0.9722 | python train.py --gin_file=... ...
 """
 
@@ -21,6 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import optuna
 from optuna.trial import TrialState
 
+from sweeps import plot
 from sweeps import space as space_lib
 from sweeps import trial_run
 from trainer import console
@@ -129,7 +131,8 @@ def lines(trials: Sequence[optuna.trial.FrozenTrial],
           space: Sequence[space_lib.Dimension], metric: str, direction: str,
           gin_files: Sequence[str], gin_params: Sequence[str], mode: str,
           sweep_dir: str) -> List[str]:
-  """The closing report; writes `results.csv` on the way."""
+  """The closing report; writes `results.csv` and `results.png` on the
+  way."""
   ordered = sorted_trials(trials, direction)
   found = rows(ordered, space, metric, sweep_dir)
   counts = collections.Counter(trial.state.name for trial in ordered)
@@ -140,6 +143,9 @@ def lines(trials: Sequence[optuna.trial.FrozenTrial],
   said += [f"sweep | trial {row['trial']} {row['state']}: {row['cause']}"
            for row in found if row["cause"]]
   said.append(f"sweep | results in {write_csv(sweep_dir, found)}")
+  drawn = plot.write(sweep_dir, found, space, metric)
+  if drawn:
+    said.append(f"sweep | {metric} against each binding in {drawn}")
   complete = [t for t in ordered if t.state == TrialState.COMPLETE]
   if complete:
     best = complete[0]

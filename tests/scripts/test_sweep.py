@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+from matplotlib import image as mpimg
 import optuna
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
@@ -192,6 +193,10 @@ def test_report_orders_by_metric_and_names_causes(tmp_path):
       f"--model_dir={tmp_path}/trial-2")
   assert [row["trial"] for row in read_csv(str(tmp_path))] == [
       "2", "0", "3", "1"]
+  # The metric against the binding: one panel, the two completed trials.
+  assert said[-2] == (f"sweep | accuracy against each binding in "
+                      f"{tmp_path}/results.png")
+  assert mpimg.imread(str(tmp_path / "results.png")).shape[:2] == (320, 400)
 
 
 def _hparams_content(log_dir, tag):
@@ -327,7 +332,7 @@ def test_grid_completes_best_from_event_files_and_hparams(tmp_path):
   # `--report` alone, and a rerun that finds nothing left to do.
   alone = run_sweep([f"--sweep_dir={sweep_dir}", "--report"])
   assert alone.returncode == 0, alone.stderr[-2000:]
-  assert alone.stdout.splitlines() == lines[-8:]
+  assert alone.stdout.splitlines() == lines[-9:]
   again = run_sweep(sweep_args(sweep_dir, *GRID))
   assert again.returncode == 0, again.stderr[-2000:]
   assert " start | " not in again.stdout
