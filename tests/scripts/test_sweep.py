@@ -65,6 +65,21 @@ def final_metric(model_dir, metric="accuracy"):
   return max(helpers.read_scalars(os.path.join(model_dir, "eval"))[metric])[1]
 
 
+def test_the_framework_does_not_import_optuna():
+  # Optuna is an extra: train.py must run without it.
+  found = []
+  for directory, _, names in os.walk(os.path.join(helpers.REPO_ROOT,
+                                                  "trainer")):
+    for name in names:
+      if name.endswith(".py"):
+        path = os.path.join(directory, name)
+        with open(path, encoding="utf-8") as f:
+          if re.search(r"^\s*(import|from) (optuna|sweeps)\b", f.read(),
+                       re.M):
+            found.append(os.path.relpath(path, helpers.REPO_ROOT))
+  assert not found
+
+
 # The space.
 
 
