@@ -33,6 +33,8 @@ SWEEP_FLAGS = ("sweep_dir", "space", "metric", "direction", "n_trials",
                "poll_seconds")
 STOPPED_EXIT_CODE = 42
 
+# The sweep's flags are defined here, not in scripts/sweep.py, so `--help`
+# lists them as shared flags (it lists the script's own and those named).
 FLAGS = flags.FLAGS
 flags.DEFINE_string("sweep_dir", None, "Directory of the sweep: the study "
                     "(journal file), one model_dir per trial (trial-<n>), "
@@ -176,7 +178,6 @@ def sweep(sweep_dir: str) -> int:
 
 def main() -> None:
   """Entry point of `scripts/sweep.py`."""
-  # Defined here, not in scripts/sweep.py: `--help` lists them as shared.
   argv = cli.parse_flags(sys.argv, PROGRAM, SWEEP_FLAGS + TRAIN_FLAGS)
   if len(argv) > 1:
     cli.fail(f"unexpected arguments: {' '.join(argv[1:])}", program=PROGRAM)
