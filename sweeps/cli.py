@@ -1,0 +1,193 @@
+"""`scripts/sweep.py`'s flags and main: check everything, then sweep.
+
+`--gin_file`, `--gin_param` and `--mode` are train.py's own flags, passed
+to every trial. Bad input ends the sweep before any trial starts, with one
+line and exit code 2, and nothing written.
+"""
+
+import os
+import signal
+import sys
+import time
+from typing import List
+
+from absl import flags
+import optuna
+
+from sweeps import checks
+from sweeps import hparams
+from sweeps import locks
+from sweeps import report
+from sweeps import space as space_lib
+from sweeps import study as study_lib
+from sweeps import worker
+from trainer import cli
+from trainer import console
+from trainer import errors
+
+PROGRAM = "sweep.py"
+TRAIN_FLAGS = ("gin_file", "gin_param", "mode", "full_traceback")
+SWEEP_FLAGS = ("sweep_dir", "space", "metric", "direction", "n_trials",
+               "sampler", "seed", "pruner", "pruner_startup_trials",
+               "parallel", "storage", "stop_after_failures", "report",
+               "poll_seconds")
+STOPPED_EXIT_CODE = 42
+
+# The sweep's flags are defined here, not in scripts/sweep.py, so `--help`
+# lists them as shared flags (it lists the script's own and those named).
+FLAGS = flags.FLAGS
+flags.DEFINE_string("sweep_dir", None, "Directory of the sweep: the study "
+                    "(journal file), one model_dir per trial (trial-<n>), "
+                    "results.csv.")
+flags.DEFINE_multi_string("space", [], "A swept binding: 'BINDING=[a, b]', "
+                          "'BINDING=loguniform(a, b)', 'BINDING=uniform(a, "
+                          "b)' or 'BINDING=int(a, b)'; repeatable.")
+flags.DEFINE_string("metric", None, "The evaluation result to optimise, "
+                    "e.g. accuracy.")
+flags.DEFINE_enum("direction", "maximize", study_lib.DIRECTIONS,
+                  "Whether a higher or a lower metric is better.")
+flags.DEFINE_integer("n_trials", 10, "Trials in the study at the end, those "
+                     "of earlier runs of the sweep included.", lower_bound=1)
+flags.DEFINE_enum("sampler", "auto", ("auto",) + study_lib.SAMPLERS,
+                  "Optuna's sampler; auto: grid when every --space is a "
+                  "list, else tpe.")
+flags.DEFINE_integer("seed", 0, "Seed of the sampler.")
+flags.DEFINE_enum("pruner", "none", study_lib.PRUNERS, "Optuna's pruner, fed "
+                  "each evaluation of the metric.")
+flags.DEFINE_integer("pruner_startup_trials", 3, "Trials the median pruner "
+                     "lets finish before it prunes.", lower_bound=0)
+flags.DEFINE_integer("parallel", 1, "Trials run at once by this process.",
+                     lower_bound=1)
+flags.DEFINE_string("storage", None, "An RDB URL for the study (e.g. "
+                    "sqlite:///sweep.db); default: a journal file in "
+                    "--sweep_dir.")
+flags.DEFINE_integer("stop_after_failures", 3, "Stop (exit 1) when this many "
+                     "trials failed and none completed.", lower_bound=1)
+flags.DEFINE_bool("report", False, "Print the table of the sweep in "
+                  "--sweep_dir, write its results.csv, and exit.")
+flags.DEFINE_float("poll_seconds", 1.0, "Wait between looks at a running "
+                   "trial's evaluations.", lower_bound=0.05)
+
+
+def _plan(sweep_dir: str, space, config, total: int) -> worker.Plan:
+  return worker.Plan(
+      sweep_dir=sweep_dir, space=tuple(space), metric=FLAGS.metric,
+      gin_files=tuple(FLAGS.gin_file), gin_params=tuple(FLAGS.gin_param),
+      mode=FLAGS.mode, total=total,
+      stop_after_failures=FLAGS.stop_after_failures,
+      preemption_exit_code=config.preemption_exit_code,
+      poll_seconds=FLAGS.poll_seconds)
+
+
+def _report_lines(study: optuna.Study, sweep_dir: str) -> List[str]:
+  recorded = study.user_attrs.get("sweep", {})
+  space = space_lib.parse_space(recorded.get("space", []))
+  return report.lines(study.get_trials(), space, recorded["metric"],
+                      recorded["direction"], recorded["gin_files"],
+                      recorded["gin_params"], recorded["mode"], sweep_dir)
+
+
+def report_only(sweep_dir: str) -> int:
+  """`--report`: the table and results.csv of an existing sweep."""
+  if not study_lib.exists(sweep_dir, FLAGS.storage):
+    raise errors.ConfigError(f"no sweep in {sweep_dir} to report.")
+  study = optuna.load_study(
+      study_name=study_lib.name(sweep_dir),
+      storage=study_lib.open_storage(sweep_dir, FLAGS.storage))
+  report.print_lines(_report_lines(study, sweep_dir))
+  return 0
+
+
+def sampler_kind(space) -> str:
+  """`--sampler`; `auto` is a grid where every dimension is a list (TPE
+  would sample some points twice and miss others), else TPE."""
+  if FLAGS.sampler != "auto":
+    return FLAGS.sampler
+  return ("grid" if all(d.kind == "choice" for d in space) else "tpe")
+
+
+def prepare(sweep_dir: str):
+  """Checks every input; returns the plan, the study's identity, and
+  whether the study exists already. Writes nothing.
+
+  Raises:
+    errors.ConfigError: The first problem, as one line.
+  """
+  if not FLAGS.metric:
+    raise errors.ConfigError("--metric is required, e.g. --metric=accuracy.")
+  checks.check_mode(FLAGS.mode)
+  space = space_lib.parse_space(FLAGS.space)
+  total = FLAGS.n_trials
+  if sampler_kind(space) == "grid":
+    space_lib.grid(space)
+    checks.check_grid(space_lib.grid_size(space), FLAGS.n_trials)
+    total = space_lib.grid_size(space)
+  wanted = study_lib.identity(space, FLAGS.metric, FLAGS.direction,
+                              FLAGS.gin_file, FLAGS.gin_param, FLAGS.mode)
+  exists = study_lib.exists(sweep_dir, FLAGS.storage)
+  dry_run = None if exists else checks.DryRun(
+      FLAGS.gin_file, FLAGS.gin_param, space_lib.first_point(space))
+  try:
+    config = checks.load_trial_configs(FLAGS.gin_file, FLAGS.gin_param,
+                                       space)
+    if exists:
+      study_lib.check_identity(
+          optuna.load_study(
+              study_name=study_lib.name(sweep_dir),
+              storage=study_lib.open_storage(sweep_dir, FLAGS.storage)),
+          wanted, sweep_dir)
+    else:
+      checks.check_metric(FLAGS.metric, dry_run.metrics())
+  finally:
+    if dry_run:
+      dry_run.cancel()
+  return _plan(sweep_dir, space, config, total), wanted, exists
+
+
+def sweep(sweep_dir: str) -> int:
+  """Runs the sweep; returns the exit code."""
+  started = time.monotonic()
+  plan, wanted, exists = prepare(sweep_dir)
+  os.makedirs(sweep_dir, exist_ok=True)
+  with locks.held(os.path.join(sweep_dir, locks.CLAIMS)):
+    study = study_lib.open_study(
+        sweep_dir, FLAGS.storage, wanted,
+        study_lib.sampler(sampler_kind(plan.space), FLAGS.seed, plan.space),
+        study_lib.pruner(FLAGS.pruner, FLAGS.pruner_startup_trials))
+    if not exists:
+      hparams.write_experiment(sweep_dir, plan.space, plan.metric)
+  done = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
+  console.info(f"sweep | {sweep_dir}: {done} of {plan.total} trials done | "
+               f"{sampler_kind(plan.space)} sampler, {FLAGS.pruner} pruner, "
+               f"{FLAGS.parallel} at once | {plan.metric}, {FLAGS.direction} "
+               f"| checked in {time.monotonic() - started:.1f} s")
+  runner = worker.Sweep(study, plan)
+  # SIGUSR1: SLURM's time-limit warning, which the trial gets too (it saves
+  # and requeues the job); without a handler it would kill the sweep.
+  for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+    signal.signal(signum, lambda signum, _: runner.interrupt(signum))
+  runner.run(FLAGS.parallel)
+  report.print_lines(_report_lines(study, sweep_dir))
+  if runner.first_failure:
+    cli.fail(runner.first_failure, exit_code=1, program=PROGRAM)
+  if runner.stop.is_set():
+    console.info("sweep | stopped: rerun the same command to resume")
+    return STOPPED_EXIT_CODE
+  return 0
+
+
+def main() -> None:
+  """Entry point of `scripts/sweep.py`."""
+  argv = cli.parse_flags(sys.argv, PROGRAM, SWEEP_FLAGS + TRAIN_FLAGS)
+  if len(argv) > 1:
+    cli.fail(f"unexpected arguments: {' '.join(argv[1:])}", program=PROGRAM)
+  console.configure(verbosity_asked=FLAGS["verbosity"].present)
+  optuna.logging.set_verbosity(optuna.logging.WARNING)
+  try:
+    if not FLAGS.sweep_dir:
+      raise errors.ConfigError("--sweep_dir is required.")
+    if FLAGS.report:
+      sys.exit(report_only(FLAGS.sweep_dir))
+    sys.exit(sweep(FLAGS.sweep_dir))
+  except errors.ConfigError as e:
+    cli.fail(str(e), program=PROGRAM)

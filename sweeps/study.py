@@ -1,0 +1,132 @@
+"""The study: Optuna's storage, sampler and pruner, and what a sweep is.
+
+By default the study lives in `sweep_dir/study.journal`, Optuna's journal
+file storage: nothing to start, and made for shared filesystems (a
+cluster's NFS). `--storage` takes an RDB URL instead (SQLite, PostgreSQL).
+A study records what it sweeps (the space, the metric and direction, the
+base configuration); a command asking for another is refused, not mixed in.
+"""
+
+import os
+from typing import Any, Dict, Optional, Sequence
+
+import optuna
+
+from sweeps import space as space_lib
+from trainer import errors
+
+JOURNAL = "study.journal"
+SAMPLERS = ("grid", "random", "tpe")
+PRUNERS = ("none", "median", "hyperband")
+DIRECTIONS = ("maximize", "minimize")
+_IDENTITY = "sweep"
+
+
+def name(sweep_dir: str) -> str:
+  """The study's name: the sweep directory's name."""
+  return os.path.basename(os.path.abspath(sweep_dir)) or "sweep"
+
+
+def open_storage(sweep_dir: str, url: Optional[str]
+                 ) -> optuna.storages.BaseStorage:
+  """Opens (creating if needed) the study's storage."""
+  if url:
+    return optuna.storages.RDBStorage(url)
+  os.makedirs(sweep_dir, exist_ok=True)
+  return optuna.storages.JournalStorage(
+      optuna.storages.journal.JournalFileBackend(
+          os.path.join(sweep_dir, JOURNAL)))
+
+
+def exists(sweep_dir: str, url: Optional[str]) -> bool:
+  """Whether the sweep's study exists; writes nothing for a journal."""
+  if not url and not os.path.exists(os.path.join(sweep_dir, JOURNAL)):
+    return False
+  try:
+    names = optuna.study.get_all_study_names(open_storage(sweep_dir, url))
+  except Exception as e:  # A bad URL, a missing driver, a server down.
+    raise errors.ConfigError(
+        f"--storage ({url}) cannot be opened: {str(e).splitlines()[0]}"
+    ) from e
+  return name(sweep_dir) in names
+
+
+def identity(space: Sequence[space_lib.Dimension], metric: str,
+             direction: str, gin_files: Sequence[str],
+             gin_params: Sequence[str], mode: str) -> Dict[str, Any]:
+  """What a sweep is: a command giving another may not join its study."""
+  return {"space": [dimension.spec for dimension in space],
+          "metric": metric, "direction": direction,
+          "gin_files": list(gin_files), "gin_params": list(gin_params),
+          "mode": mode}
+
+
+_FLAGS = {"space": "--space", "metric": "--metric",
+          "direction": "--direction", "gin_files": "--gin_file",
+          "gin_params": "--gin_param", "mode": "--mode"}
+
+
+def check_identity(study: optuna.Study, wanted: Dict[str, Any],
+                   sweep_dir: str) -> None:
+  """Raises `errors.ConfigError` if `study` sweeps something else."""
+  recorded = study.user_attrs.get(_IDENTITY, {})
+  for key, flag in _FLAGS.items():
+    if recorded.get(key) != wanted[key]:
+      raise errors.ConfigError(
+          f"the sweep in {sweep_dir} has {flag} {recorded.get(key)}, not "
+          f"{wanted[key]}: rerun it with its own flags, or give a new "
+          "--sweep_dir.")
+
+
+class _AskTellGridSampler(optuna.samplers.GridSampler):
+  """Optuna's `GridSampler` for ask-and-tell.
+
+  Its `after_trial` only calls `study.stop()` once the grid is done, which
+  ends `study.optimize` and raises outside it; the sweep runs ask-and-tell
+  (a trial is a process it launches and may resume) and stops at the
+  grid's size itself.
+  """
+
+  def after_trial(self, study, trial, state, values) -> None:
+    del study, trial, state, values
+
+
+def sampler(kind: str, seed: Optional[int],
+            space: Sequence[space_lib.Dimension]
+            ) -> optuna.samplers.BaseSampler:
+  """Optuna's sampler for `--sampler`."""
+  if kind == "grid":
+    return _AskTellGridSampler(space_lib.grid(space), seed=seed)
+  if kind == "random":
+    return optuna.samplers.RandomSampler(seed=seed)
+  return optuna.samplers.TPESampler(seed=seed)
+
+
+def pruner(kind: str, startup_trials: int) -> optuna.pruners.BasePruner:
+  """Optuna's pruner for `--pruner`, fed each evaluation of the metric."""
+  if kind == "median":
+    return optuna.pruners.MedianPruner(n_startup_trials=startup_trials)
+  if kind == "hyperband":
+    return optuna.pruners.HyperbandPruner()
+  return optuna.pruners.NopPruner()
+
+
+def open_study(sweep_dir: str, url: Optional[str], wanted: Dict[str, Any],
+               sampler_: optuna.samplers.BaseSampler,
+               pruner_: optuna.pruners.BasePruner) -> optuna.Study:
+  """Loads the sweep's study, or creates it with `wanted` recorded.
+
+  Callers hold the sweep's claims lock, so two processes starting at once
+  do not both create it.
+
+  Raises:
+    errors.ConfigError: The study exists and sweeps something else.
+  """
+  storage = open_storage(sweep_dir, url)
+  study = optuna.create_study(
+      storage=storage, study_name=name(sweep_dir), sampler=sampler_,
+      pruner=pruner_, direction=wanted["direction"], load_if_exists=True)
+  if _IDENTITY not in study.user_attrs and not study.trials:
+    study.set_user_attr(_IDENTITY, wanted)
+  check_identity(study, wanted, sweep_dir)
+  return study

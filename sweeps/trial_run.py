@@ -1,0 +1,212 @@
+"""One trial: a `train.py` process in its model_dir, watched until it ends.
+
+The sweep reads each evaluation back from the run's own record
+(`eval/evaluated.json`, written by `trainer.actions.EvaluatedStepRecorder`
+after every evaluation) to feed Optuna's pruner, and stops a pruned run
+with SIGTERM, on which `train.py` saves a checkpoint and exits with its
+preemption code.
+"""
+
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+from trainer.loop import continuous_eval
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN_PY = os.path.join(REPO_ROOT, "train.py")
+LOG = "sweep.log"
+
+COMPLETE, FAIL, PRUNED, STOPPED = "COMPLETE", "FAIL", "PRUNED", "STOPPED"
+
+# Run before train.py in the trial's process: on Linux the trial gets
+# SIGTERM (and so checkpoints and exits) when the sweep thread that started
+# it dies, even by SIGKILL, instead of training on unwatched and holding
+# its model_dir's lease against the rerun that resumes it.
+_PRELUDE = (
+    "import ctypes, os, runpy, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != int(sys.argv.pop(1)): os._exit(143)\n"
+    "sys.argv[0] = sys.argv[1]; del sys.argv[1]\n"
+    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+
+
+@dataclasses.dataclass
+class Outcome:
+  """How a trial's process ended.
+
+  Attributes:
+    state: COMPLETE, FAIL, PRUNED, or STOPPED (the sweep was stopped; the
+      trial stays RUNNING, to be resumed).
+    value: The metric at the last evaluation, or None.
+    step: The last step the process reported.
+    seconds: The process's wall time.
+    cause: A failure's one line (train.py's error line).
+  """
+  state: str
+  value: Optional[float]
+  step: int
+  seconds: float
+  cause: str = ""
+
+
+def command(gin_files: Sequence[str], gin_params: Sequence[str], mode: str,
+            model_dir: str, python: str = "python") -> List[str]:
+  """The `train.py` command of a trial."""
+  return ([python, os.path.relpath(TRAIN_PY)] +
+          [f"--gin_file={path}" for path in gin_files] +
+          [f"--gin_param={param}" for param in gin_params] +
+          [f"--mode={mode}", f"--model_dir={model_dir}"])
+
+
+def evaluations(model_dir: str, metric: str) -> Dict[int, float]:
+  """`{step: metric}` of every evaluation the run recorded so far."""
+  try:
+    with open(os.path.join(model_dir, continuous_eval.RECORD)) as f:
+      record = json.load(f)
+  except (FileNotFoundError, json.JSONDecodeError):
+    return {}
+  return {int(step): results[metric]
+          for step, results in record.get("results", {}).items()
+          if metric in results}
+
+
+_STEP = re.compile(r"\bstep (\d+)")
+
+
+def _tail(log_path: str, offset: int) -> List[str]:
+  with open(log_path, errors="replace") as f:
+    f.seek(offset)
+    return [line.rstrip("\n") for line in f if line.strip()]
+
+
+def cause(lines: Sequence[str], returncode: int) -> str:
+  """train.py's error line (its last), else the last line and the code."""
+  for line in reversed(lines):
+    if line.startswith("train.py: "):
+      return line[len("train.py: "):]
+  last = lines[-1] if lines else "no output"
+  return f"exit code {returncode}: {last}"
+
+
+def _last_step(lines: Sequence[str]) -> int:
+  for line in reversed(lines):
+    found = _STEP.search(line)
+    if found:
+      return int(found.group(1))
+  return 0
+
+
+def _exited(process: subprocess.Popen, seconds: float) -> bool:
+  """Waits up to `seconds` for `process` to exit; returns whether it did
+  (at once when it does, so the next trial starts without a wait)."""
+  try:
+    process.wait(timeout=seconds)
+  except subprocess.TimeoutExpired:
+    return False
+  return True
+
+
+class TrialProcess:
+  """A trial's `train.py` process, output appended to `model_dir/sweep.log`.
+
+  Args:
+    argv: The trial's `train.py` command (`command()`).
+    model_dir: The trial's model_dir.
+    metric: The evaluation result optimised.
+    preemption_exit_code: train.py's exit code after a SIGTERM.
+  """
+
+  def __init__(self, argv: Sequence[str], model_dir: str, metric: str,
+               preemption_exit_code: int = 42):
+    self._argv = list(argv)
+    self._model_dir = model_dir
+    self._metric = metric
+    self._preemption_exit_code = preemption_exit_code
+    self._process: Optional[subprocess.Popen] = None
+    self._signalled = False
+
+  def signal(self, signum: int) -> None:
+    """Sends `signum` to the process if it runs (the sweep passes on its
+    own SIGTERM, SIGINT or SIGUSR1 at once: train.py takes the same signal
+    twice within a second as one)."""
+    self._signalled = True
+    if self._process is not None and self._process.poll() is None:
+      self._process.send_signal(signum)
+
+  def run(self, report: Callable[[int, float], bool],
+          stop: threading.Event, poll_seconds: float = 1.0) -> Outcome:
+    """Runs the process to its end.
+
+    Args:
+      report: Called with each new evaluation's step and metric; returns
+        True when the trial should be pruned.
+      stop: Set when the sweep stops: the process, unless `signal` passed it
+        the sweep's signal, gets SIGTERM (it checkpoints), and the outcome
+        is STOPPED, as it is when the process exits with its preemption
+        code.
+      poll_seconds: Wait between looks at the run's record.
+    """
+    os.makedirs(self._model_dir, exist_ok=True)
+    log_path = os.path.join(self._model_dir, LOG)
+    start = time.monotonic()
+    with open(log_path, "a") as log:
+      offset = log.tell()
+      process = subprocess.Popen(
+          self._launch_argv(), stdout=log, stderr=subprocess.STDOUT,
+          stdin=subprocess.DEVNULL,
+          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    self._process = process
+    reported = set()
+    pruned = stopped = False
+    while not _exited(process, poll_seconds):
+      if stop.is_set():
+        stopped = True
+        if not self._signalled:  # Started as the sweep stopped.
+          self.signal(signal.SIGTERM)
+        break
+      for step, value in sorted(
+          evaluations(self._model_dir, self._metric).items()):
+        if step not in reported:
+          reported.add(step)
+          if report(step, value) and process.poll() is None:
+            pruned = True
+            process.send_signal(signal.SIGTERM)
+            break
+      if pruned:
+        break
+    returncode = process.wait()
+    seconds = time.monotonic() - start
+    lines = _tail(log_path, offset)
+    step = _last_step(lines)
+    found = evaluations(self._model_dir, self._metric)
+    last = found[max(found)] if found else None
+    if pruned:
+      return Outcome(PRUNED, last, step, seconds,
+                     f"pruned at step {max(reported)}")
+    if stopped or returncode == self._preemption_exit_code:
+      # Preempted (the sweep stopped, or a scheduler signalled the job):
+      # checkpoint saved, to be resumed.
+      return Outcome(STOPPED, last, step, seconds)
+    if returncode != 0:
+      return Outcome(FAIL, last, step, seconds, cause(lines, returncode))
+    if last is None:
+      return Outcome(FAIL, None, step, seconds,
+                     f"the run ended without an evaluation of "
+                     f"`{self._metric}`")
+    if last != last:  # NaN
+      return Outcome(FAIL, None, step, seconds,
+                     f"`{self._metric}` is nan at step {max(found)}")
+    return Outcome(COMPLETE, last, max(step, max(found)), seconds)
+
+  def _launch_argv(self) -> List[str]:
+    if not sys.platform.startswith("linux"):
+      return [sys.executable] + self._argv[1:]
+    return [sys.executable, "-c", _PRELUDE, str(os.getpid())] + self._argv[1:]

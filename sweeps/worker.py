@@ -1,0 +1,204 @@
+"""The sweep's workers: each claims a trial, runs it, and tells the study.
+
+A worker claims, under the sweep's claims lock, either a trial left
+RUNNING by a dead process (its trial lock is free: `sweeps.locks`), which
+it resumes with the same number, bindings and model_dir, or a new trial
+while the study has fewer than the total. So `--n_trials` counts each
+trial once however often it is interrupted, and two workers, in one
+process or several (`--parallel`, SLURM array tasks), never run the same
+trial.
+"""
+
+import dataclasses
+import os
+import threading
+from typing import Dict, List, Optional, Set, Tuple
+
+import optuna
+from optuna.trial import TrialState
+
+from sweeps import hparams
+from sweeps import locks
+from sweeps import report
+from sweeps import space as space_lib
+from sweeps import trial_run
+from trainer import console
+
+# How long a resumed trial waits for its killed predecessor to save.
+_TRAINER_WAIT_SECONDS = 300.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What every worker runs.
+
+  Attributes:
+    sweep_dir: The trials' parent directory.
+    space: The swept bindings.
+    metric: The evaluation result optimised.
+    gin_files: `--gin_file` of every trial.
+    gin_params: `--gin_param` of every trial, before the trial's own.
+    mode: `--mode` of every trial.
+    total: How many trials the study holds at the end.
+    stop_after_failures: Stop once this many trials failed and none
+      completed or was pruned.
+    preemption_exit_code: train.py's exit code after a SIGTERM.
+    poll_seconds: Wait between looks at a running trial's evaluations.
+  """
+  sweep_dir: str
+  space: Tuple[space_lib.Dimension, ...]
+  metric: str
+  gin_files: Tuple[str, ...]
+  gin_params: Tuple[str, ...]
+  mode: str
+  total: int
+  stop_after_failures: int = 3
+  preemption_exit_code: int = 42
+  poll_seconds: float = 1.0
+
+
+def _bindings(plan: Plan, params: Dict[str, object]) -> List[str]:
+  return space_lib.gin_params({d.binding: params[d.binding]
+                               for d in plan.space})
+
+
+class Sweep:
+  """Runs the plan's trials on a study, with any number of workers.
+
+  Attributes:
+    stop: Set to stop every worker (`interrupt` sets it); running trials
+      checkpoint and stay RUNNING, to be resumed.
+    first_failure: The first failed trial's line, once `stop_after_failures`
+      trials failed and none did better; None otherwise.
+  """
+
+  def __init__(self, study: optuna.Study, plan: Plan):
+    self._study = study
+    self._plan = plan
+    self.stop = threading.Event()
+    self.first_failure: Optional[str] = None
+    self._running: Set[trial_run.TrialProcess] = set()
+    self._running_lock = threading.Lock()
+
+  def interrupt(self, signum: int) -> None:
+    """Stops the sweep on a signal: every running trial gets it at once
+    (it saves a checkpoint and stays RUNNING, to be resumed)."""
+    self.stop.set()
+    with self._running_lock:
+      for process in self._running:
+        process.signal(signum)
+
+  def run(self, parallel: int) -> None:
+    """Runs `parallel` workers until no trial is left or `stop` is set."""
+    workers = [threading.Thread(target=self._work, name=f"worker-{i}",
+                                daemon=True) for i in range(parallel)]
+    for worker in workers:
+      worker.start()
+    for worker in workers:
+      while worker.is_alive():  # Short joins: signal handlers run between.
+        worker.join(0.5)
+
+  def _work(self) -> None:
+    while not self.stop.is_set():
+      claimed = self._claim()
+      if claimed is None:
+        return
+      trial, lock, earlier = claimed
+      try:
+        self._run(trial, earlier)
+      finally:
+        locks.release(lock)
+
+  def _trial_lock(self, number: int) -> str:
+    return os.path.join(report.trial_dir(self._plan.sweep_dir, number),
+                        locks.TRIAL)
+
+  def _claim(self) -> Optional[
+      Tuple[optuna.Trial, int, Optional[optuna.trial.FrozenTrial]]]:
+    """A trial to run, its lock, and the trial as a dead worker left it
+    (None for a new trial)."""
+    with locks.held(os.path.join(self._plan.sweep_dir, locks.CLAIMS)):
+      trials = self._study.get_trials(deepcopy=False)
+      for frozen in trials:
+        if frozen.state == TrialState.RUNNING:
+          lock = locks.try_lock(self._trial_lock(frozen.number))
+          if lock is not None:
+            # Optuna's ask-and-tell has no public way back to a RUNNING
+            # trial of the storage: its id is private.
+            # pylint: disable-next=protected-access
+            trial = optuna.Trial(self._study, frozen._trial_id)
+            return trial, lock, frozen
+      if len(trials) >= self._plan.total:
+        return None
+      trial = self._study.ask({dimension.binding: dimension.distribution()
+                               for dimension in self._plan.space})
+      lock = locks.try_lock(self._trial_lock(trial.number))
+      return trial, lock, None
+
+  def _run(self, trial: optuna.Trial,
+           earlier: Optional[optuna.trial.FrozenTrial]) -> None:
+    plan = self._plan
+    model_dir = report.trial_dir(plan.sweep_dir, trial.number)
+    bindings = _bindings(plan, trial.params)
+    console.info(f"sweep | trial {trial.number} "
+                 f"{'resume' if earlier else 'start'} | {' '.join(bindings)}"
+                 f" | {model_dir}")
+    if earlier:
+      locks.wait_for_trainer(model_dir, _TRAINER_WAIT_SECONDS)
+    else:
+      hparams.write_session(model_dir, f"trial-{trial.number}", plan.space,
+                            trial.params)
+    reported = set(earlier.intermediate_values if earlier else ())
+
+    def on_evaluation(step: int, value: float) -> bool:
+      if step in reported:
+        return False
+      reported.add(step)
+      trial.report(value, step)
+      return trial.should_prune()
+
+    process = trial_run.TrialProcess(
+        trial_run.command(plan.gin_files, list(plan.gin_params) + bindings,
+                          plan.mode, model_dir),
+        model_dir, plan.metric, plan.preemption_exit_code)
+    with self._running_lock:
+      self._running.add(process)
+    try:
+      outcome = process.run(on_evaluation, self.stop, plan.poll_seconds)
+    finally:
+      with self._running_lock:
+        self._running.discard(process)
+    seconds = (earlier.user_attrs.get("seconds", 0.0) if earlier else 0.0
+               ) + outcome.seconds
+    trial.set_user_attr("seconds", round(seconds, 1))
+    trial.set_user_attr("steps", outcome.step)
+    if outcome.cause:
+      trial.set_user_attr("cause", outcome.cause)
+    metric = ("-" if outcome.value is None else f"{outcome.value:.4f}")
+    line = (f"sweep | trial {trial.number} {outcome.state} | {plan.metric} "
+            f"{metric} | step {outcome.step} | {outcome.seconds:.1f} s | "
+            f"{' '.join(bindings)}")
+    if outcome.state == trial_run.STOPPED:
+      self.stop.set()
+      console.info(line + " | checkpoint saved; rerun to resume it")
+      return
+    console.info(line + (f" | {outcome.cause}" if outcome.cause else ""))
+    if outcome.state == trial_run.COMPLETE:
+      self._study.tell(trial, outcome.value)
+    else:
+      self._study.tell(trial, state=getattr(TrialState, outcome.state))
+    self._check_failures()
+
+  def _check_failures(self) -> None:
+    """Stops the sweep once the first `stop_after_failures` trials to end
+    all failed."""
+    ended = [t for t in self._study.get_trials(deepcopy=False)
+             if t.state.is_finished()]
+    failed = sorted((t for t in ended if t.state == TrialState.FAIL),
+                    key=lambda t: t.number)
+    if len(failed) == len(ended) >= self._plan.stop_after_failures:
+      first = failed[0]
+      self.first_failure = (f"the first {len(failed)} trials failed; trial "
+                            f"{first.number}: "
+                            f"{first.user_attrs.get('cause', '?')}")
+      self.stop.set()

@@ -1,0 +1,599 @@
+"""scripts/sweep.py: real Optuna journal storage in a temporary directory,
+real train.py processes on digits with short runs.
+
+The space parser, the report's order and the study's identity are tested
+in-process; bad input as the user meets it (one line, exit 2, nothing
+written); whole sweeps (grid, kill and resume, parallel workers, a
+diverging trial, pruning, HParams) in the slow tests.
+"""
+
+import csv
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from matplotlib import image as mpimg
+import optuna
+import pytest
+from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.plugins.hparams import metadata as hparams_metadata
+
+from sweeps import hparams
+from sweeps import report
+from sweeps import space as space_lib
+from sweeps import study as study_lib
+from trainer import errors
+
+import helpers
+
+SWEEP_PY = os.path.join(helpers.REPO_ROOT, "scripts", "sweep.py")
+DIGITS = "gin/digits.gin"
+# About 5 s a trial on 2 cores: an evaluation every 20 steps.
+SHORT = ["--gin_param=trainer.train_steps=40",
+         "--gin_param=trainer.steps_per_loop=10",
+         "--gin_param=trainer.summary_interval=10",
+         "--gin_param=trainer.validation_interval=20",
+         "--gin_param=trainer.checkpoint_interval=20"]
+GRID = ["--space=optimizer.learning_rate=[0.01, 0.001]",
+        "--space=trainer.global_batch_size=[32, 64]",
+        "--sampler=grid", "--n_trials=4", "--metric=accuracy"]
+
+
+def sweep_args(sweep_dir, *args, short=True):
+  return [f"--gin_file={DIGITS}", f"--sweep_dir={sweep_dir}",
+          "--poll_seconds=0.2", *(SHORT if short else []), *args]
+
+
+def run_sweep(args, timeout=600):
+  return subprocess.run(
+      [sys.executable, SWEEP_PY, *args], cwd=helpers.REPO_ROOT,
+      capture_output=True, text=True, timeout=timeout,
+      env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def read_csv(sweep_dir):
+  with open(os.path.join(sweep_dir, report.CSV)) as f:
+    return list(csv.DictReader(f))
+
+
+def final_metric(model_dir, metric="accuracy"):
+  """The last evaluation's metric, read back from the eval event files."""
+  return max(helpers.read_scalars(os.path.join(model_dir, "eval"))[metric])[1]
+
+
+def test_the_framework_does_not_import_optuna():
+  # Optuna is an extra: train.py must run without it.
+  found = []
+  for directory, _, names in os.walk(os.path.join(helpers.REPO_ROOT,
+                                                  "trainer")):
+    for name in names:
+      if name.endswith(".py"):
+        path = os.path.join(directory, name)
+        with open(path, encoding="utf-8") as f:
+          if re.search(r"^\s*(import|from) (optuna|sweeps)\b", f.read(),
+                       re.M):
+            found.append(os.path.relpath(path, helpers.REPO_ROOT))
+  assert not found
+
+
+# The space.
+
+
+@pytest.mark.parametrize("flag, dimension", [
+    ("optimizer.learning_rate=[0.001, 0.01]",
+     space_lib.Dimension("optimizer.learning_rate", "choice",
+                         ("0.001", "0.01"))),
+    ("optimizer.name=['adam', \"a, b\", @Adam]",
+     space_lib.Dimension("optimizer.name", "choice",
+                         ("'adam'", '"a, b"', "@Adam"))),
+    ("optimizer.learning_rate=loguniform(1e-4, 1e-1)",
+     space_lib.Dimension("optimizer.learning_rate", "loguniform",
+                         low=1e-4, high=0.1)),
+    ("trainer.global_batch_size=int(16, 128)",
+     space_lib.Dimension("trainer.global_batch_size", "int", low=16,
+                         high=128)),
+    ("scope/model.dropout=uniform(0, 0.5)",
+     space_lib.Dimension("scope/model.dropout", "uniform", low=0, high=0.5)),
+])
+def test_parse_dimension(flag, dimension):
+  assert space_lib.parse_dimension(flag) == dimension
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("optimizer.learning_rate",
+     "`--space=optimizer.learning_rate` must be BINDING=VALUES, e.g. "
+     "--space='optimizer.learning_rate=[0.001, 0.01]'."),
+    ("learning_rate=[1, 2]", "`--space=learning_rate=[1, 2]`: "
+     "`learning_rate` is not a gin binding (configurable.parameter)."),
+    ("a.b=loguniform(1e-4)",
+     "`--space=a.b=loguniform(1e-4)`: `loguniform` takes two numbers, low "
+     "and high."),
+    ("a.b=loguniform(0, 1)", "`--space=a.b=loguniform(0, 1)`: `loguniform` "
+     "needs a positive low, not 0."),
+    ("a.b=uniform(1, x)", "`--space=a.b=uniform(1, x)`: `x` is not a "
+     "number."),
+    ("a.b=uniform(2, 1)", "`--space=a.b=uniform(2, 1)`: low (2) must be "
+     "below high (1)."),
+    ("a.b=int(1.5, 4)", "`--space=a.b=int(1.5, 4)`: `int` takes whole "
+     "numbers."),
+    ("a.b=normal(0, 1)", "`--space=a.b=normal(0, 1)`: unknown range "
+     "`normal`; give a list [a, b, ...], loguniform(a, b), uniform(a, b) or "
+     "int(a, b)."),
+    ("a.b=0.1..0.2", "`--space=a.b=0.1..0.2`: cannot parse `0.1..0.2`; give "
+     "a list [a, b, ...], loguniform(a, b), uniform(a, b) or int(a, b)."),
+    ("a.b=[]", "`--space=a.b=[]`: the list is empty."),
+    ("a.b=[1, 1]", "`--space=a.b=[1, 1]`: the list repeats a value."),
+])
+def test_parse_dimension_errors(flag, message):
+  with pytest.raises(errors.ConfigError) as raised:
+    space_lib.parse_dimension(flag)
+  assert str(raised.value) == message
+
+
+def test_space_errors():
+  with pytest.raises(errors.ConfigError, match="sweeps `a.b` twice"):
+    space_lib.parse_space(["a.b=[1, 2]", "a.b=[3]"])
+  with pytest.raises(errors.ConfigError,
+                     match=r"--sampler=grid needs lists; `--space=a.b="
+                     r"uniform\(0, 1\)` is a range"):
+    space_lib.grid(space_lib.parse_space(["a.b=uniform(0, 1)"]))
+  grid = space_lib.parse_space(["a.b=[1, 2, 3]", "c.d=['x', 'y']"])
+  assert space_lib.grid_size(grid) == 6
+  assert space_lib.gin_params({"a.b": "2", "c.d": "'y'", "e.f": 0.5}) == [
+      "a.b=2", "c.d='y'", "e.f=0.5"]
+
+
+# The study and the report.
+
+
+@pytest.mark.parametrize("url", [None, "sqlite:///{}/sweep.db"])
+def test_a_study_refuses_another_space_or_metric(tmp_path, url):
+  url = url and url.format(tmp_path)
+  space = space_lib.parse_space(["a.b=[1, 2]"])
+  wanted = study_lib.identity(space, "accuracy", "maximize", [DIGITS], [],
+                              "train_and_eval")
+  assert not study_lib.exists(str(tmp_path), url)
+  study_lib.open_study(str(tmp_path), url, wanted,
+                       optuna.samplers.RandomSampler(),
+                       optuna.pruners.NopPruner())
+  assert study_lib.exists(str(tmp_path), url)
+  assert os.path.exists(tmp_path / ("sweep.db" if url else "study.journal"))
+  other = dict(wanted, space=["a.b=[1, 3]"])
+  with pytest.raises(errors.ConfigError) as raised:
+    study_lib.open_study(str(tmp_path), url, other,
+                         optuna.samplers.RandomSampler(),
+                         optuna.pruners.NopPruner())
+  assert str(raised.value) == (
+      f"the sweep in {tmp_path} has --space ['a.b=[1, 2]'], not "
+      "['a.b=[1, 3]']: rerun it with its own flags, or give a new "
+      "--sweep_dir.")
+  with pytest.raises(errors.ConfigError, match="has --metric accuracy, not "
+                     "loss"):
+    study_lib.open_study(str(tmp_path), url, dict(wanted, metric="loss"),
+                         optuna.samplers.RandomSampler(),
+                         optuna.pruners.NopPruner())
+
+
+def test_report_orders_by_metric_and_names_causes(tmp_path):
+  space = space_lib.parse_space(["a.b=[1, 2, 3, 4]"])
+  study = optuna.create_study(direction="maximize")
+  distributions = {"a.b": space[0].distribution()}
+  for value, state, cause in [(0.5, "COMPLETE", ""), (None, "FAIL", "boom"),
+                              (0.9, "COMPLETE", ""), (0.2, "PRUNED",
+                                                      "pruned at step 20")]:
+    trial = study.ask(distributions)
+    trial.set_user_attr("steps", 40)
+    if cause:
+      trial.set_user_attr("cause", cause)
+    if state == "PRUNED":
+      trial.report(value, 20)
+    study.tell(trial, value if state == "COMPLETE" else None,
+               state=getattr(optuna.trial.TrialState, state))
+  said = report.lines(study.get_trials(), space, "accuracy", "maximize",
+                      [DIGITS], [], "train_and_eval", str(tmp_path))
+  numbers = [int(line.split()[0]) for line in said[2:6]]
+  assert numbers == [2, 0, 3, 1]
+  assert said[0] == ("sweep | 4 trials: 2 COMPLETE, 1 FAIL, 1 PRUNED | "
+                     "accuracy, maximize")
+  assert "sweep | trial 3 PRUNED: pruned at step 20" in said
+  assert "sweep | trial 1 FAIL: boom" in said
+  best = study.trials[2].params["a.b"]
+  assert said[-1] == (
+      f"best | trial 2 | accuracy 0.9000 | python train.py "
+      f"--gin_file={DIGITS} --gin_param=a.b={best} --mode=train_and_eval "
+      f"--model_dir={tmp_path}/trial-2")
+  assert [row["trial"] for row in read_csv(str(tmp_path))] == [
+      "2", "0", "3", "1"]
+  # The metric against the binding: one panel, the two completed trials.
+  assert said[-2] == (f"sweep | accuracy against each binding in "
+                      f"{tmp_path}/results.png")
+  assert mpimg.imread(str(tmp_path / "results.png")).shape[:2] == (320, 400)
+
+
+def _hparams_content(log_dir, tag):
+  accumulator = event_accumulator.EventAccumulator(log_dir)
+  accumulator.Reload()
+  return accumulator.PluginTagToContent(hparams_metadata.PLUGIN_NAME)[tag]
+
+
+def read_experiment(log_dir):
+  """The HParams experiment in `log_dir`, read by TensorBoard's reader."""
+  return hparams_metadata.parse_experiment_plugin_data(
+      _hparams_content(log_dir, hparams_metadata.EXPERIMENT_TAG))
+
+
+def read_session(log_dir):
+  """The HParams session in `log_dir`, read by TensorBoard's reader."""
+  return hparams_metadata.parse_session_start_info_plugin_data(
+      _hparams_content(log_dir, hparams_metadata.SESSION_START_INFO_TAG))
+
+
+def test_hparams_experiment_and_sessions(tmp_path):
+  space = space_lib.parse_space(["optimizer.learning_rate=[0.01, 0.001]",
+                                 "model.dropout=uniform(0, 0.5)"])
+  hparams.write_experiment(str(tmp_path), space, "accuracy")
+  hparams.write_session(str(tmp_path / "trial-0"), "trial-0", space,
+                        {"optimizer.learning_rate": "0.01",
+                         "model.dropout": 0.25})
+  experiment = read_experiment(str(tmp_path))
+  assert [h.name for h in experiment.hparam_infos] == [
+      "optimizer.learning_rate", "model.dropout"]
+  assert [v.number_value for v in experiment.hparam_infos[0].domain_discrete
+          .values] == [0.001, 0.01]  # TensorBoard sorts them.
+  assert experiment.metric_infos[0].name.tag == "accuracy"
+  assert experiment.metric_infos[0].name.group == "eval"
+  session = read_session(str(tmp_path / "trial-0"))
+  assert session.group_name == "trial-0"
+  assert session.hparams["optimizer.learning_rate"].number_value == 0.01
+  assert session.hparams["model.dropout"].number_value == 0.25
+
+
+# Bad input: one line, exit 2, nothing written.
+
+
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
+  cases = {
+      "names nothing": (
+          ["--space=optimizer.learnin_rate=[0.01, 0.001]",
+           "--metric=accuracy"],
+          "sweep.py: error: `--space=optimizer.learnin_rate=[0.01, 0.001]`: "
+          "optimizer.learnin_rate=0.01: --gin_param: Configurable "
+          "'optimizer' doesn't have a parameter named 'learnin_rate' (did "
+          "you mean 'learning_rate'?)"),
+      "value refused": (
+          ["--space=trainer.global_batch_size=[32, 0]", "--metric=accuracy"],
+          "sweep.py: error: `--space=trainer.global_batch_size=[32, 0]`: "
+          "trainer.global_batch_size=0: `trainer.global_batch_size` (0) "
+          "must be positive."),
+      "unparsable range": (
+          ["--space=optimizer.learning_rate=loguniform(1e-4)",
+           "--metric=accuracy"],
+          "sweep.py: error: `--space=optimizer.learning_rate=loguniform("
+          "1e-4)`: `loguniform` takes two numbers, low and high."),
+      "grid too large": (
+          ["--space=optimizer.learning_rate=[0.01, 0.001, 0.003]",
+           "--sampler=grid", "--n_trials=2", "--metric=accuracy"],
+          "sweep.py: error: the grid has 3 points, more than --n_trials=2: "
+          "raise --n_trials, or sample it with --sampler=random or tpe."),
+      "metric not produced": (
+          ["--space=optimizer.learning_rate=[0.01, 0.001]", "--metric=f1"],
+          "sweep.py: error: --metric=f1 is not a result of the task's "
+          "evaluation, which gives: accuracy, loss."),
+  }
+  # Started together: each spends its seconds importing TensorFlow.
+  running = {
+      name: subprocess.Popen(
+          [sys.executable, SWEEP_PY,
+           *sweep_args(tmp_path / name.replace(" ", "_"), *args)],
+          cwd=helpers.REPO_ROOT, stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE, text=True)
+      for name, (args, _) in cases.items()}
+  for name, process in running.items():
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 2, (name, stderr[-2000:])
+    assert stderr.strip().splitlines() == [cases[name][1]], name
+  assert not list(tmp_path.iterdir())
+
+
+# Whole sweeps.
+
+
+@pytest.mark.slow
+def test_grid_completes_best_from_event_files_and_hparams(tmp_path):
+  sweep_dir = str(tmp_path / "sweep")
+  result = run_sweep(sweep_args(sweep_dir, *GRID))
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = result.stdout.splitlines()
+  assert sum(bool(re.match(r"sweep \| trial \d start \| ", line))
+             for line in lines) == 4
+  ends = [line for line in lines
+          if re.match(r"sweep \| trial \d COMPLETE \| accuracy 0\.\d{4} \| "
+                      r"step 40 \| [\d.]+ s \| optimizer.learning_rate=",
+                      line)]
+  assert len(ends) == 4
+  rows = read_csv(sweep_dir)
+  assert [row["state"] for row in rows] == ["COMPLETE"] * 4
+  assert sorted((row["optimizer.learning_rate"],
+                 row["trainer.global_batch_size"]) for row in rows) == [
+                     ("0.001", "32"), ("0.001", "64"), ("0.01", "32"),
+                     ("0.01", "64")]
+  from_events = {int(row["trial"]): final_metric(row["model_dir"])
+                 for row in rows}
+  for row in rows:
+    assert float(row["accuracy"]) == pytest.approx(
+        from_events[int(row["trial"])], abs=1e-6)
+  best = max(from_events, key=from_events.get)
+  assert rows[0]["trial"] == str(best)
+  assert lines[-1].startswith(f"best | trial {best} | accuracy ")
+  assert lines[-1].endswith(f"--model_dir={sweep_dir}/trial-{best}")
+  # The best trial's command, run again, finds its run done.
+  command = lines[-1].split(" | ", 3)[3].split()
+  rerun = helpers.run_cli(command[2:])
+  assert rerun.returncode == 0, rerun.stderr[-2000:]
+  assert "resuming from ckpt-40, step 40" in rerun.stdout
+  # HParams: the experiment at the top, a session per trial.
+  experiment = read_experiment(sweep_dir)
+  assert [h.name for h in experiment.hparam_infos] == [
+      "optimizer.learning_rate", "trainer.global_batch_size"]
+  for row in rows:
+    session = read_session(row["model_dir"])
+    assert session.group_name == f"trial-{row['trial']}"
+    assert session.hparams["trainer.global_batch_size"].number_value == int(
+        row["trainer.global_batch_size"])
+  # `--report` alone, and a rerun that finds nothing left to do.
+  alone = run_sweep([f"--sweep_dir={sweep_dir}", "--report"])
+  assert alone.returncode == 0, alone.stderr[-2000:]
+  assert alone.stdout.splitlines() == lines[-9:]
+  again = run_sweep(sweep_args(sweep_dir, *GRID))
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert " start | " not in again.stdout
+  assert f"sweep | {sweep_dir}: 4 of 4 trials done" in again.stdout
+  # The same sweep_dir with another metric: one line, exit 2.
+  before = helpers.snapshot(sweep_dir)
+  other = run_sweep(sweep_args(sweep_dir, *GRID[:-1], "--metric=loss",
+                               "--direction=minimize"))
+  assert other.returncode == 2, other.stderr[-2000:]
+  assert other.stderr.strip().splitlines() == [
+      f"sweep.py: error: the sweep in {sweep_dir} has --metric accuracy, "
+      "not loss: rerun it with its own flags, or give a new --sweep_dir."]
+  assert helpers.snapshot(sweep_dir) == before
+
+
+@pytest.mark.slow
+def test_killed_sweep_resumes_the_interrupted_trial(tmp_path):
+  sweep_dir = str(tmp_path / "sweep")
+  args = sweep_args(sweep_dir, *GRID, "--gin_param=trainer.train_steps=600",
+                    "--gin_param=trainer.checkpoint_interval=100",
+                    "--gin_param=trainer.validation_interval=200")
+  first = subprocess.Popen([sys.executable, SWEEP_PY, *args],
+                           cwd=helpers.REPO_ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+  log = os.path.join(sweep_dir, "trial-0", "sweep.log")
+  deadline = time.time() + 180
+  while time.time() < deadline:
+    if os.path.exists(log) and "ckpt-100" in open(log).read():
+      break
+    time.sleep(0.1)
+  first.send_signal(signal.SIGKILL)
+  first.communicate()
+  assert "finished at step" not in open(log).read()
+  result = run_sweep(args)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "sweep | trial 0 resume | " in result.stdout
+  rows = read_csv(sweep_dir)
+  assert sorted(row["trial"] for row in rows) == ["0", "1", "2", "3"]
+  assert [row["state"] for row in rows] == ["COMPLETE"] * 4
+  text = open(log).read()
+  assert re.search(r"resuming from ckpt-[1-9]\d*, step [1-9]", text), text
+  assert text.count(": new\n") == 1
+  assert text.count("finished at step 600") == 1
+
+
+@pytest.mark.slow
+def test_parallel_workers_run_no_trial_twice(tmp_path):
+  sweep_dir = str(tmp_path / "sweep")
+  result = run_sweep(sweep_args(sweep_dir, *GRID, "--parallel=2"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  events = [re.match(r"sweep \| trial (\d) (start|COMPLETE)", line)
+            for line in result.stdout.splitlines()]
+  events = [(m.group(2), m.group(1)) for m in events if m]
+  assert [kind for kind, _ in events[:2]] == ["start", "start"]
+  assert sorted(n for kind, n in events if kind == "start") == list("0123")
+  rows = read_csv(sweep_dir)
+  assert [row["state"] for row in rows] == ["COMPLETE"] * 4
+  assert len({(row["optimizer.learning_rate"],
+               row["trainer.global_batch_size"]) for row in rows}) == 4
+  for row in rows:
+    text = open(os.path.join(row["model_dir"], "sweep.log")).read()
+    assert text.count("run | DigitsClassification") == 1
+
+
+@pytest.mark.slow
+def test_two_sweep_processes_share_the_study(tmp_path):
+  sweep_dir = str(tmp_path / "sweep")
+  # The second starts once the first has made the study: both then run.
+  first = subprocess.Popen(
+      [sys.executable, SWEEP_PY, *sweep_args(sweep_dir, *GRID)],
+      cwd=helpers.REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True)
+  deadline = time.time() + 120
+  while not os.path.exists(os.path.join(sweep_dir, "trial-0")):
+    assert time.time() < deadline and first.poll() is None
+    time.sleep(0.1)
+  second = run_sweep(sweep_args(sweep_dir, *GRID))
+  out, err = first.communicate(timeout=600)
+  assert first.returncode == 0 and second.returncode == 0, (err, second.stderr)
+  started = [re.findall(r"sweep \| trial (\d) start", text)
+             for text in (out, second.stdout)]
+  assert all(started), started
+  assert sorted(started[0] + started[1]) == list("0123")
+  rows = read_csv(sweep_dir)
+  assert [row["state"] for row in rows] == ["COMPLETE"] * 4
+
+
+@pytest.mark.slow
+def test_a_diverging_trial_fails_with_its_line_and_the_sweep_goes_on(
+    tmp_path):
+  sweep_dir = str(tmp_path / "sweep")
+  result = run_sweep(sweep_args(
+      sweep_dir, "--space=optimizer.learning_rate=[0.01, 1e12]",
+      "--sampler=grid", "--n_trials=2", "--metric=accuracy"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = {row["optimizer.learning_rate"]: row for row in read_csv(sweep_dir)}
+  assert rows["0.01"]["state"] == "COMPLETE"
+  assert rows["1000000000000.0"]["state"] == "FAIL"
+  cause = ("error: the training loss is not finite at step 2; no checkpoint "
+           "was saved before it.")
+  assert rows["1000000000000.0"]["cause"] == cause
+  assert (f"sweep | trial {rows['1000000000000.0']['trial']} FAIL: {cause}"
+          in result.stdout)
+
+
+@pytest.mark.slow
+def test_every_trial_failing_stops_with_the_first_cause(tmp_path):
+  result = run_sweep(sweep_args(
+      tmp_path / "sweep", "--space=optimizer.learning_rate=[1e12, 1e13]",
+      "--n_trials=5", "--stop_after_failures=2", "--metric=accuracy",
+      "--sampler=random"))
+  assert result.returncode == 1, result.stderr[-3000:]
+  assert result.stderr.strip().splitlines()[-1] == (
+      "sweep.py: error: the first 2 trials failed; trial 0: error: the "
+      "training loss is not finite at step 2; no checkpoint was saved "
+      "before it.")
+  assert len(read_csv(tmp_path / "sweep")) == 2
+
+
+@pytest.mark.slow
+def test_median_pruning_stops_a_bad_trial_early(tmp_path):
+  sweep_dir = str(tmp_path / "sweep")
+  # GridSampler, seed 1, takes 0.01 first: the median pruner (one trial to
+  # start with) then has a curve to compare 1e-6 against.
+  result = run_sweep(sweep_args(
+      sweep_dir, "--space=optimizer.learning_rate=[0.01, 1e-06]",
+      "--sampler=grid", "--seed=1", "--n_trials=2", "--metric=accuracy",
+      "--pruner=median", "--pruner_startup_trials=1",
+      "--gin_param=trainer.train_steps=1000",
+      "--gin_param=trainer.steps_per_loop=10",
+      "--gin_param=trainer.summary_interval=10",
+      "--gin_param=trainer.validation_interval=100",
+      "--gin_param=trainer.checkpoint_interval=100", short=False))
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = {row["optimizer.learning_rate"]: row for row in read_csv(sweep_dir)}
+  assert rows["0.01"]["trial"] == "0", "the grid's order changed"
+  assert rows["0.01"]["state"] == "COMPLETE"
+  bad = rows["1e-06"]
+  assert bad["state"] == "PRUNED"
+  assert bad["cause"] == "pruned at step 100"
+  assert int(bad["steps"]) < 1000
+  assert helpers.latest_step(bad["model_dir"]) >= 100
+
+
+# A SLURM job array on the one-node cluster of scripts/local_slurm.sh.
+
+SWEEP_SBATCH = os.path.join(helpers.REPO_ROOT, "scripts", "slurm",
+                            "sweep.sbatch")
+LOCAL_SLURM = os.path.join(helpers.REPO_ROOT, "scripts", "local_slurm.sh")
+
+
+@pytest.fixture(scope="module")
+def slurm_env(tmp_path_factory):
+  """Starts the one-node cluster; yields the environment to run its
+  commands in; stops it at the end (as tests/distribute/test_slurm.py)."""
+  if os.geteuid() != 0:
+    pytest.skip("the local SLURM cluster (scripts/local_slurm.sh) runs as "
+                "root")
+  missing = [command for command in ("munged", "slurmctld", "slurmd", "srun",
+                                     "sbatch", "scontrol", "squeue")
+             if shutil.which(command) is None]
+  if missing:
+    pytest.skip(f"{', '.join(missing)} not installed: apt-get install -y "
+                "slurm-wlm munge (.ci/run does, as root)")
+  directory = str(tmp_path_factory.mktemp("slurm"))
+  started = subprocess.run(["bash", LOCAL_SLURM, "start", directory],
+                           capture_output=True, text=True, timeout=120)
+  if started.returncode:
+    pytest.fail(f"local SLURM cluster did not start: {started.stderr}")
+  env = dict(os.environ, SLURM_CONF=os.path.join(directory, "slurm.conf"),
+             PYTHONUNBUFFERED="1", PYTHON=sys.executable)
+  for name in [name for name in env if name.startswith("SLURM_") and
+               name != "SLURM_CONF"] + ["TF_CONFIG"]:
+    env.pop(name, None)  # Not a job of an outer SLURM.
+  yield env
+  subprocess.run(["bash", LOCAL_SLURM, "stop", directory],
+                 capture_output=True, timeout=120)
+
+
+def _queued(env, job):
+  """squeue's `STATE REASON` of `job` ('' once it has left the queue)."""
+  for _ in range(30):
+    listed = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"],
+                            env=env, capture_output=True, text=True,
+                            timeout=30)
+    if listed.returncode == 0:
+      return listed.stdout.strip()
+    time.sleep(1)
+  raise AssertionError(f"squeue failed 30 times: {listed.stderr}")
+
+
+def _release_until_done(env, jobs, timeout):
+  """Waits for `jobs` to leave the queue, starting a requeued one at once
+  (SLURM holds it back for its begin time; 2 s after the requeue, as
+  tests/distribute/test_slurm.py explains)."""
+  deadline = time.time() + timeout
+  for job in jobs:
+    while True:
+      state = _queued(env, job)
+      if not state:
+        break
+      assert time.time() < deadline, f"job {job} still {state}"
+      if state == "PENDING BeginTime":
+        time.sleep(2)
+        subprocess.run(["scontrol", "update", f"jobid={job}",
+                        "StartTime=now"], env=env, check=True, timeout=30)
+      time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_a_slurm_array_shares_the_sweep_and_a_requeued_task_resumes(
+    slurm_env, tmp_path):
+  sweep_dir = tmp_path / "sweep"
+  args = sweep_args(sweep_dir, *GRID, "--gin_param=trainer.train_steps=600",
+                    "--gin_param=trainer.checkpoint_interval=100",
+                    "--gin_param=trainer.validation_interval=200")
+  submitted = subprocess.run(
+      ["sbatch", "--parsable", "--array=0-1",
+       f"--output={tmp_path}/task-%a.out", SWEEP_SBATCH, *args],
+      cwd=helpers.REPO_ROOT, env=slurm_env, capture_output=True, text=True,
+      timeout=60, check=True)
+  job = submitted.stdout.strip().split(";")[0]
+  task_0 = tmp_path / "task-0.out"
+  deadline = time.time() + 240
+  interrupted = None
+  while interrupted is None:
+    assert time.time() < deadline, (
+        task_0.read_text() if task_0.exists() else "no output")
+    for number in re.findall(r"sweep \| trial (\d) start",
+                             task_0.read_text() if task_0.exists() else ""):
+      log = sweep_dir / f"trial-{number}" / "sweep.log"
+      text = log.read_text() if log.exists() else ""
+      if "ckpt-100" in text and "finished at step" not in text:
+        interrupted = number
+    time.sleep(0.2)
+  subprocess.run(["scontrol", "requeue", f"{job}_0"], env=slurm_env,
+                 check=True, timeout=30)
+  _release_until_done(slurm_env, [f"{job}_0", f"{job}_1"], timeout=400)
+  outputs = (task_0.read_text() + (tmp_path / "task-1.out").read_text())
+  rows = read_csv(sweep_dir)
+  assert sorted(row["trial"] for row in rows) == ["0", "1", "2", "3"], (
+      outputs[-3000:])
+  assert [row["state"] for row in rows] == ["COMPLETE"] * 4
+  assert f"sweep | trial {interrupted} resume | " in outputs
+  assert re.search(r"sweep task \d+_0 run 2 on ", task_0.read_text())
+  text = (sweep_dir / f"trial-{interrupted}" / "sweep.log").read_text()
+  assert re.search(r"resuming from ckpt-[1-9]\d*, step [1-9]", text), text
+  assert text.count(": new\n") == 1
+  assert text.count("finished at step 600") == 1
