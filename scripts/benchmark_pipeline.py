@@ -200,6 +200,33 @@ def time_rounds(contenders: Dict[str, Callable[[int], float]]
   return rates, cpu
 
 
+def table(contenders, rates, cpu, num_stages: int):
+  """Prints a row per contender (steps/s, speedup over naive beside the
+  ideal, overlap, CPU per step); returns the figures by contender."""
+  print(f"{'contender':>10} {'steps/s':>8} {'vs naive':>9} {'ideal':>6} "
+        f"{'of ideal':>9} {'overlap':>8} {'cpu/step':>9}")
+  figures = {}
+  for name, found in rates.items():
+    ratio = statistics.median(
+        a / b for a, b in zip(found, rates["naive"]))
+    m = {"one_device": None, "naive": 1}.get(name) or (
+        int(name[2:]) if name.startswith("M=") else None)
+    best = ideal(num_stages, m) if m else None
+    together = overlap(contenders[name], FLAGS.steps)
+    cpu_ratio = statistics.median(
+        a / b for a, b in zip(cpu[name], cpu["naive"]))
+    figures[name] = {"steps_per_s": round(statistics.median(found), 3),
+                     "speedup_vs_naive": round(ratio, 3),
+                     "ideal": round(best, 3) if best else None,
+                     "overlap": round(together, 3),
+                     "cpu_vs_naive": round(cpu_ratio, 3)}
+    best_text = f"{best:6.2f}" if best else f"{'-':>6}"
+    share = f"{ratio / best:9.2f}" if best else f"{'-':>9}"
+    print(f"{name:>10} {statistics.median(found):8.2f} {ratio:9.2f} "
+          f"{best_text} {share} {together:8.2f} {cpu_ratio:8.2f}x")
+  return figures
+
+
 def main(argv):
   del argv
   num_stages = FLAGS.stages
@@ -226,27 +253,7 @@ def main(argv):
         f" units, batch {FLAGS.batch}, {FLAGS.rounds} rounds of "
         f"{FLAGS.steps} steps; ratios: median over rounds of the ratio "
         "within a round")
-  print(f"{'contender':>10} {'steps/s':>8} {'vs naive':>9} {'ideal':>6} "
-        f"{'of ideal':>9} {'overlap':>8} {'cpu/step':>9}")
-  figures = {}
-  for name, found in rates.items():
-    ratio = statistics.median(
-        a / b for a, b in zip(found, rates["naive"]))
-    m = {"one_device": None, "naive": 1}.get(name) or (
-        int(name[2:]) if name.startswith("M=") else None)
-    best = ideal(num_stages, m) if m else None
-    together = overlap(contenders[name], FLAGS.steps)
-    cpu_ratio = statistics.median(
-        a / b for a, b in zip(cpu[name], cpu["naive"]))
-    figures[name] = {"steps_per_s": round(statistics.median(found), 3),
-                     "speedup_vs_naive": round(ratio, 3),
-                     "ideal": round(best, 3) if best else None,
-                     "overlap": round(together, 3),
-                     "cpu_vs_naive": round(cpu_ratio, 3)}
-    best_text = f"{best:6.2f}" if best else f"{'-':>6}"
-    share = f"{ratio / best:9.2f}" if best else f"{'-':>9}"
-    print(f"{name:>10} {statistics.median(found):8.2f} {ratio:9.2f} "
-          f"{best_text} {share} {together:8.2f} {cpu_ratio:8.2f}x")
+  figures = table(contenders, rates, cpu, num_stages)
   memory_m = REPORTED_M if REPORTED_M in values else values[-1]
   kept = peak_bytes(contenders[f"M={memory_m}"])
   recomputed = peak_bytes(build_contender(task, batch, num_stages, memory_m,

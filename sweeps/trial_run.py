@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Set
 
 from trainer.loop import continuous_eval
 
@@ -182,9 +182,13 @@ class TrialProcess:
             break
       if pruned:
         break
-    returncode = process.wait()
-    seconds = time.monotonic() - start
-    lines = _tail(log_path, offset)
+    return self._outcome(process.wait(), time.monotonic() - start,
+                         _tail(log_path, offset), reported, pruned, stopped)
+
+  def _outcome(self, returncode: int, seconds: float, lines: List[str],
+               reported: Set[int], pruned: bool, stopped: bool) -> Outcome:
+    """The outcome of a process that exited with `returncode`, its log's
+    new `lines` and the evaluations `reported` to the pruner."""
     step = _last_step(lines)
     found = evaluations(self._model_dir, self._metric)
     last = found[max(found)] if found else None

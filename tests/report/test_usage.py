@@ -34,6 +34,10 @@ def _commands():
        ["bash", os.path.join(helpers.REPO_ROOT, "scripts", "slurm",
                              "train.sbatch"), "--help"],
        ["sbatch scripts/slurm/train.sbatch"]),
+      ("sweep.sbatch --help",
+       ["bash", os.path.join(helpers.REPO_ROOT, "scripts", "slurm",
+                             "sweep.sbatch"), "--help"],
+       ["sbatch --array"]),
   ]
   for script in SCRIPTS:
     name = os.path.basename(script)
@@ -56,7 +60,7 @@ def test_every_entry_point_has_help(tmp_path):
     assert process.returncode == 0, (name, err[-2000:])
     for text in expected:
       assert text in out, (name, text, out[:3000])
-  assert len(running) == 5 + len(SCRIPTS) >= 12
+  assert len(running) == 6 + len(SCRIPTS) >= 13
 
 
 def test_help_lists_the_flags_a_program_takes():
