@@ -74,6 +74,7 @@ from trainer.distribute import devices
 from trainer.distribute import pipeline
 from trainer.model import gradients
 from trainer.model import pipelined
+from trainer.report import usage
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("stages", 2, "K: stages, each on its logical CPU.")
@@ -271,4 +272,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  usage.exit_if_requested(sys.argv, __doc__)
   app.run(main)
