@@ -6,6 +6,8 @@ is done here, before any test module touches TensorFlow.
 
 import gc
 import os
+import shutil
+import subprocess
 import sys
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,6 +24,7 @@ import tf_keras  # noqa: E402
 from trainer.distribute import devices  # noqa: E402
 
 NUM_CPU_DEVICES = 2
+_LOCAL_SLURM = os.path.join(REPO_ROOT, "scripts", "local_slurm.sh")
 devices.split_cpu(NUM_CPU_DEVICES, "tests/conftest.py NUM_CPU_DEVICES")
 
 
@@ -49,3 +52,38 @@ def freeze_earlier_objects():
   that half ran in 713 s instead of 839 s, its peak memory 2.4 GB.
   """
   gc.freeze()
+
+
+def _slurm_unavailable():
+  """Why the local SLURM cluster cannot run here, or None."""
+  if os.geteuid() != 0:
+    return "the local SLURM cluster (scripts/local_slurm.sh) runs as root"
+  missing = [command for command in ("munged", "slurmctld", "slurmd", "srun",
+                                     "sbatch", "scontrol", "squeue")
+             if shutil.which(command) is None]
+  if missing:
+    return (f"{', '.join(missing)} not installed: apt-get install -y "
+            "slurm-wlm munge (.ci/run does, as root)")
+  return None
+
+
+@pytest.fixture(scope="module")
+def slurm_env(tmp_path_factory):
+  """Starts the one-node cluster; yields the environment to run its
+  commands in (SLURM_CONF); stops it at the end."""
+  reason = _slurm_unavailable()
+  if reason:
+    pytest.skip(reason)
+  directory = str(tmp_path_factory.mktemp("slurm"))
+  started = subprocess.run(["bash", _LOCAL_SLURM, "start", directory],
+                           capture_output=True, text=True, timeout=120)
+  if started.returncode:
+    pytest.fail(f"local SLURM cluster did not start: {started.stderr}")
+  env = dict(os.environ, SLURM_CONF=os.path.join(directory, "slurm.conf"),
+             PYTHONUNBUFFERED="1", PYTHON=sys.executable)
+  for name in [name for name in env if name.startswith("SLURM_") and
+               name != "SLURM_CONF"] + ["TF_CONFIG"]:
+    env.pop(name, None)  # Not a job of an outer SLURM.
+  yield env
+  subprocess.run(["bash", _LOCAL_SLURM, "stop", directory],
+                 capture_output=True, timeout=120)

@@ -22,7 +22,6 @@ import helpers
 from trainer import errors
 from trainer.distribute import slurm
 
-LOCAL_SLURM = os.path.join(helpers.REPO_ROOT, "scripts", "local_slurm.sh")
 SBATCH_SCRIPT = os.path.join(helpers.REPO_ROOT, "scripts", "slurm",
                              "train.sbatch")
 MWMS = '--gin_param=runtime.distribution_strategy="multi_worker_mirrored"'
@@ -174,42 +173,7 @@ def test_requeue_outcome_outside_slurm_and_off_the_chief():
       "the chief requeues SLURM job 5")
 
 
-# A real cluster from here on.
-
-
-def _unavailable():
-  """Why the local SLURM cluster cannot run here, or None."""
-  if os.geteuid() != 0:
-    return "the local SLURM cluster (scripts/local_slurm.sh) runs as root"
-  missing = [command for command in ("munged", "slurmctld", "slurmd", "srun",
-                                     "sbatch", "scontrol", "squeue")
-             if shutil.which(command) is None]
-  if missing:
-    return (f"{', '.join(missing)} not installed: apt-get install -y "
-            "slurm-wlm munge (.ci/run does, as root)")
-  return None
-
-
-@pytest.fixture(scope="module")
-def slurm_env(tmp_path_factory):
-  """Starts the one-node cluster; yields the environment to run its
-  commands in (SLURM_CONF); stops it at the end."""
-  reason = _unavailable()
-  if reason:
-    pytest.skip(reason)
-  directory = str(tmp_path_factory.mktemp("slurm"))
-  started = subprocess.run(["bash", LOCAL_SLURM, "start", directory],
-                           capture_output=True, text=True, timeout=120)
-  if started.returncode:
-    pytest.fail(f"local SLURM cluster did not start: {started.stderr}")
-  env = dict(os.environ, SLURM_CONF=os.path.join(directory, "slurm.conf"),
-             PYTHONUNBUFFERED="1", PYTHON=sys.executable)
-  for name in [name for name in env if name.startswith("SLURM_") and
-               name != "SLURM_CONF"] + ["TF_CONFIG"]:
-    env.pop(name, None)  # Not a job of an outer SLURM.
-  yield env
-  subprocess.run(["bash", LOCAL_SLURM, "stop", directory],
-                 capture_output=True, timeout=120)
+# A real cluster from here on: `slurm_env` (tests/conftest.py).
 
 
 def _srun(env, tasks, args, cwd, timeout=300, prefix=()):

@@ -10,7 +10,6 @@ diverging trial, pruning, HParams) in the slow tests.
 import csv
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -496,35 +495,6 @@ def test_median_pruning_stops_a_bad_trial_early(tmp_path):
 
 SWEEP_SBATCH = os.path.join(helpers.REPO_ROOT, "scripts", "slurm",
                             "sweep.sbatch")
-LOCAL_SLURM = os.path.join(helpers.REPO_ROOT, "scripts", "local_slurm.sh")
-
-
-@pytest.fixture(scope="module")
-def slurm_env(tmp_path_factory):
-  """Starts the one-node cluster; yields the environment to run its
-  commands in; stops it at the end (as tests/distribute/test_slurm.py)."""
-  if os.geteuid() != 0:
-    pytest.skip("the local SLURM cluster (scripts/local_slurm.sh) runs as "
-                "root")
-  missing = [command for command in ("munged", "slurmctld", "slurmd", "srun",
-                                     "sbatch", "scontrol", "squeue")
-             if shutil.which(command) is None]
-  if missing:
-    pytest.skip(f"{', '.join(missing)} not installed: apt-get install -y "
-                "slurm-wlm munge (.ci/run does, as root)")
-  directory = str(tmp_path_factory.mktemp("slurm"))
-  started = subprocess.run(["bash", LOCAL_SLURM, "start", directory],
-                           capture_output=True, text=True, timeout=120)
-  if started.returncode:
-    pytest.fail(f"local SLURM cluster did not start: {started.stderr}")
-  env = dict(os.environ, SLURM_CONF=os.path.join(directory, "slurm.conf"),
-             PYTHONUNBUFFERED="1", PYTHON=sys.executable)
-  for name in [name for name in env if name.startswith("SLURM_") and
-               name != "SLURM_CONF"] + ["TF_CONFIG"]:
-    env.pop(name, None)  # Not a job of an outer SLURM.
-  yield env
-  subprocess.run(["bash", LOCAL_SLURM, "stop", directory],
-                 capture_output=True, timeout=120)
 
 
 def _queued(env, job):
