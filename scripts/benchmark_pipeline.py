@@ -11,8 +11,21 @@ function, `--steps` steps per `tf.function` call (no host work between
 steps).
 
 Contenders: the model whole on one device (`one_device`); the K stages
-with M = 1 (`naive`: naive model parallelism, each device idle while the
-other works); the pipeline at each M of `--microbatches`. After a warm-up
+with M = 1 (`naive`: naive model parallelism); the same with one op at a
+time (`serial`: every thread of the process pinned to one core while it
+runs); the pipeline at each M of `--microbatches`.
+
+Why `serial`: TensorFlow's logical CPU devices share one inter-op thread
+pool, so the K threads are not one per device: `naive` runs a layer's two
+backward products (weight and input gradient) at once on two cores, which a
+GPU, whose one stream runs one op at a time, would not (its `overlap`, about
+0.36, shows it). So `naive` here is faster than naive model parallelism on
+devices that each run one op at a time, and the speedup over it is capped
+below GPipe's ideal by the host, not by the pipeline: on 2 cores, by 2 /
+naive's own parallelism. `serial` is the other bound: devices that each run
+one op at a time, and no overlap at all between devices (on GPUs stage k's
+weight gradient can overlap stage k-1's backward, a little). The pipeline
+is measured against both. After a warm-up
 (tracing left out), the contenders take turns over `--rounds` rounds, in a
 rotating order; each ratio to naive is the median over the rounds of the
 ratio within a round, where the two ran back to back, so a slow spell on a
@@ -40,10 +53,13 @@ Usage, from the repository root:
       [--rounds=5] [--steps=10]
 
 The last line printed is `JSON {...}`, with `stages`, `microbatches`,
-`speedup_vs_naive` and `ideal` for the figure the issue asks for (M = 8, or
-the largest M run), and every M's figures under `all`.
+`speedup_vs_naive`, `speedup_vs_serial` and `ideal` for the figure the
+issue asks for (M = 8, or the largest M run), and every contender's figures
+under `all`. `of ideal` in the table is the speedup over naive, then over
+serial, divided by the ideal.
 """
 
+import contextlib
 import glob
 import json
 import os
@@ -149,6 +165,34 @@ def build_contender(task: _MlpTask, batch, num_stages: int,
   return run
 
 
+@contextlib.contextmanager
+def one_core():
+  """Pins every thread of this process to one core, and back."""
+  everything = os.sched_getaffinity(0)
+  threads = [int(t) for t in os.listdir("/proc/self/task")]
+  core = {min(everything)}
+  for thread in threads:
+    os.sched_setaffinity(thread, core)
+  try:
+    yield
+  finally:
+    for thread in threads:
+      with contextlib.suppress(OSError):  # It may have ended.
+        os.sched_setaffinity(thread, everything)
+
+
+def serial(run: Callable[[int], float]) -> Callable[[int], float]:
+  """`run` with one op at a time: the process on one core."""
+
+  def run_serial(num_steps: int) -> float:
+    with one_core():
+      seconds = run(num_steps)
+    run_serial.cpu_seconds = run.cpu_seconds
+    return seconds
+
+  return run_serial
+
+
 def peak_bytes(run: Callable[[int], float]) -> int:
   """The allocator's peak during one step of `run`."""
   tf.config.experimental.reset_memory_stats("CPU:0")
@@ -202,29 +246,39 @@ def time_rounds(contenders: Dict[str, Callable[[int], float]]
 
 
 def table(contenders, rates, cpu, num_stages: int):
-  """Prints a row per contender (steps/s, speedup over naive beside the
-  ideal, overlap, CPU per step); returns the figures by contender."""
-  print(f"{'contender':>10} {'steps/s':>8} {'vs naive':>9} {'ideal':>6} "
-        f"{'of ideal':>9} {'overlap':>8} {'cpu/step':>9}")
+  """Prints a row per contender (steps/s, speedup over naive and over
+  serial beside the ideal, overlap, CPU per step); returns the figures by
+  contender."""
+  print(f"{'contender':>10} {'steps/s':>8} {'vs naive':>9} {'vs serial':>10}"
+        f" {'ideal':>6} {'of ideal':>10} {'overlap':>8} {'cpu/step':>9}")
   figures = {}
   for name, found in rates.items():
-    ratio = statistics.median(
-        a / b for a, b in zip(found, rates["naive"]))
-    m = {"one_device": None, "naive": 1}.get(name) or (
+    ratio = statistics.median(a / b for a, b in zip(found, rates["naive"]))
+    over_serial = statistics.median(
+        a / b for a, b in zip(found, rates["serial"]))
+    m = {"naive": 1, "serial": 1}.get(name) or (
         int(name[2:]) if name.startswith("M=") else None)
     best = ideal(num_stages, m) if m else None
-    together = overlap(contenders[name], FLAGS.steps)
+    # Under `serial` two threads take turns on one core: their ops overlap
+    # in time but not in work.
+    together = (None if name == "serial" else
+                overlap(contenders[name], FLAGS.steps))
     cpu_ratio = statistics.median(
         a / b for a, b in zip(cpu[name], cpu["naive"]))
     figures[name] = {"steps_per_s": round(statistics.median(found), 3),
                      "speedup_vs_naive": round(ratio, 3),
+                     "speedup_vs_serial": round(over_serial, 3),
                      "ideal": round(best, 3) if best else None,
-                     "overlap": round(together, 3),
+                     "overlap": round(together, 3) if together is not None
+                                else None,
                      "cpu_vs_naive": round(cpu_ratio, 3)}
     best_text = f"{best:6.2f}" if best else f"{'-':>6}"
-    share = f"{ratio / best:9.2f}" if best else f"{'-':>9}"
+    share = (f"{ratio / best:.2f}/{over_serial / best:.2f}" if best else "-")
+    together_text = f"{together:8.2f}" if together is not None else (
+        f"{'-':>8}")
     print(f"{name:>10} {statistics.median(found):8.2f} {ratio:9.2f} "
-          f"{best_text} {share} {together:8.2f} {cpu_ratio:8.2f}x")
+          f"{over_serial:10.2f} {best_text} {share:>10} {together_text} "
+          f"{cpu_ratio:8.2f}x")
   return figures
 
 
@@ -247,6 +301,7 @@ def main(argv):
   task = _MlpTask(num_stages * FLAGS.layers_per_stage, FLAGS.width)
   contenders = {"one_device": build_contender(task, batch, num_stages, 0),
                 "naive": build_contender(task, batch, num_stages, 1)}
+  contenders["serial"] = serial(contenders["naive"])
   for m in values:
     contenders[f"M={m}"] = build_contender(task, batch, num_stages, m)
   rates, cpu = time_rounds(contenders)
@@ -266,6 +321,7 @@ def main(argv):
   print("JSON " + json.dumps({
       "stages": num_stages, "microbatches": memory_m,
       "speedup_vs_naive": reported["speedup_vs_naive"],
+      "speedup_vs_serial": reported["speedup_vs_serial"],
       "ideal": reported["ideal"],
       "peak_bytes": {"kept": kept, "recomputed": recomputed},
       "all": figures}))
