@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 # pylint: disable-next=g-direct-tensorflow-import
 from tensorflow.python.debug.lib import debug_events_reader
 
@@ -23,6 +24,7 @@ from trainer import errors
 from trainer import experiment
 from trainer import gin_config
 from trainer.distribute import pipeline
+from trainer.distribute import placement
 from trainer.model import ema
 from trainer.model import optimization
 
@@ -286,6 +288,17 @@ def test_a_pipeline_under_a_data_parallel_strategy_is_one_line(tmp_path):
       "distribution_strategy='default'`, not 'mirrored': it places each "
       "stage on its own device, which a strategy's replicas would not keep.")
   assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_strategy_keeps_no_stage_weight_on_its_stage_device():
+  # Why a pipeline refuses data parallelism: a strategy makes each weight's
+  # copies on its replicas' devices, whatever device the stage names.
+  strategy = tf.distribute.MirroredStrategy(["/device:CPU:0"])
+  with strategy.scope(), tf.device("/device:CPU:1"):
+    layer = tf_keras.layers.Dense(3)
+    layer.build([None, 2])
+  assert [placement.short_device(v.device)
+          for v in layer.kernel.values] == ["/device:CPU:0"]
 
 
 def test_settings_are_checked_on_construction():
