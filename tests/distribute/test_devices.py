@@ -33,3 +33,26 @@ def test_another_split_after_tensorflow_started_is_one_line(call, message):
   with pytest.raises(errors.ConfigError) as raised:
     call()
   assert str(raised.value) == message
+
+
+def test_model_parts_and_pipeline_stages_take_the_split_cpus():
+  assert placement.configure(2) == ["/device:CPU:0", "/device:CPU:1"]
+  assert devices.first_devices(2, "x", needs="x's 2 parts") == [
+      "/device:CPU:0", "/device:CPU:1"]
+
+
+@pytest.mark.parametrize("count, found", [
+    (2, ["/device:GPU:0", "/device:GPU:1"]),
+    (4, "the pipeline's 4 stages need 4 GPUs; this host has 3."),
+])
+def test_gpus_come_first_and_too_few_is_one_line(monkeypatch, count, found):
+  # Stands in for a host with three GPUs: the choice reads only their list.
+  monkeypatch.setattr(
+      tf.config, "list_physical_devices",
+      lambda kind=None: ["gpu"] * 3 if kind == "GPU" else ["cpu"])
+  try:
+    result = devices.first_devices(count, "pipeline",
+                                   needs=f"the pipeline's {count} stages")
+  except errors.ConfigError as e:
+    result = str(e)
+  assert result == found

@@ -250,13 +250,10 @@ def pick_devices(config: PipelineConfig, num_stages: int) -> List[str]:
             f"`pipeline.devices` names {device}, which this host does not "
             f"have (it has {', '.join(existing)}).")
     return list(config.devices[:num_stages])
-  gpus = tf.config.list_physical_devices("GPU")
-  if gpus:
-    if len(gpus) < num_stages:
-      raise errors.ConfigError(
-          f"the pipeline has {num_stages} stages, more than this host's "
-          f"{len(gpus)} GPU(s): cut the model into fewer stages.")
-    return [f"/device:GPU:{i}" for i in range(num_stages)]
+  if tf.config.list_physical_devices("GPU"):
+    return devices_lib.first_devices(
+        num_stages, "pipeline",
+        needs=f"the pipeline's {num_stages} stages")
   _split_cpu(num_stages)
   have = len(tf.config.list_logical_devices("CPU"))
   if have < num_stages:

@@ -59,16 +59,9 @@ def configure(num_devices: int) -> List[str]:
   """
   if num_devices <= 1:
     return []
-  gpus = tf.config.list_physical_devices("GPU")
-  if gpus:
-    if len(gpus) < num_devices:
-      raise errors.ConfigError(
-          f"`runtime.model_parallel_devices` ({num_devices}) needs as many "
-          f"GPUs; this host has {len(gpus)}.")
-    return [f"/device:GPU:{i}" for i in range(num_devices)]
-  devices_lib.split_cpu(num_devices, "runtime.model_parallel_devices",
-                        effect="split the CPU")
-  return [f"/device:CPU:{i}" for i in range(num_devices)]
+  return devices_lib.first_devices(
+      num_devices, "runtime.model_parallel_devices",
+      needs=f"`runtime.model_parallel_devices` ({num_devices}) parts")
 
 
 @contextlib.contextmanager
