@@ -33,12 +33,20 @@ def check_mode(mode: str) -> None:
         f"--mode={SWEPT_MODE}.")
 
 
-def check_grid(size: int, n_trials: int) -> None:
-  """A grid must fit in `--n_trials`."""
-  if size > n_trials:
+def grid_trials(size: int, n_trials: int, partial: bool) -> int:
+  """Returns the trials a grid of `size` points runs: all of them, or with
+  `partial` (`--partial_grid`) at most `n_trials` of them.
+
+  Raises:
+    errors.ConfigError: If the grid does not fit in `n_trials` and
+      `partial` is not set.
+  """
+  if size > n_trials and not partial:
     raise errors.ConfigError(
         f"the grid has {size} points, more than --n_trials={n_trials}: "
-        "raise --n_trials, or sample it with --sampler=random or tpe.")
+        "raise --n_trials, sample it with --sampler=random or tpe, or run "
+        "--n_trials of its points with --partial_grid.")
+  return min(size, n_trials) if partial else size
 
 
 def load_trial_configs(gin_files: Sequence[str], gin_params: Sequence[str],

@@ -30,7 +30,7 @@ TRAIN_FLAGS = ("gin_file", "gin_param", "mode", "full_traceback")
 SWEEP_FLAGS = ("sweep_dir", "space", "metric", "direction", "n_trials",
                "sampler", "seed", "pruner", "pruner_startup_trials",
                "parallel", "storage", "stop_after_failures", "report",
-               "poll_seconds")
+               "poll_seconds", "partial_grid")
 STOPPED_EXIT_CODE = 42
 
 # The sweep's flags are defined here, not in scripts/sweep.py, so `--help`
@@ -51,6 +51,10 @@ flags.DEFINE_integer("n_trials", 10, "Trials in the study at the end, those "
 flags.DEFINE_enum("sampler", "auto", ("auto",) + study_lib.SAMPLERS,
                   "Optuna's sampler; auto: grid when every --space is a "
                   "list, else tpe.")
+flags.DEFINE_bool("partial_grid", False, "With a grid larger than "
+                  "--n_trials, run --n_trials of its points (the grid "
+                  "sampler picks them, seeded by --seed) instead of "
+                  "refusing it.")
 flags.DEFINE_integer("seed", 0, "Seed of the sampler.")
 flags.DEFINE_enum("pruner", "none", study_lib.PRUNERS, "Optuna's pruner, fed "
                   "each evaluation of the metric.")
@@ -120,8 +124,8 @@ def prepare(sweep_dir: str):
   total = FLAGS.n_trials
   if sampler_kind(space) == "grid":
     space_lib.grid(space)
-    checks.check_grid(space_lib.grid_size(space), FLAGS.n_trials)
-    total = space_lib.grid_size(space)
+    total = checks.grid_trials(space_lib.grid_size(space), FLAGS.n_trials,
+                               FLAGS.partial_grid)
   wanted = study_lib.identity(space, FLAGS.metric, FLAGS.direction,
                               FLAGS.gin_file, FLAGS.gin_param, FLAGS.mode)
   exists = study_lib.exists(sweep_dir, FLAGS.storage)

@@ -277,7 +277,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
           ["--space=optimizer.learning_rate=[0.01, 0.001, 0.003]",
            "--sampler=grid", "--n_trials=2", "--metric=accuracy"],
           "sweep.py: error: the grid has 3 points, more than --n_trials=2: "
-          "raise --n_trials, or sample it with --sampler=random or tpe."),
+          "raise --n_trials, sample it with --sampler=random or tpe, or run "
+          "--n_trials of its points with --partial_grid."),
       "metric not produced": (
           ["--space=optimizer.learning_rate=[0.01, 0.001]", "--metric=f1"],
           "sweep.py: error: --metric=f1 is not a result of the task's "
@@ -450,6 +451,25 @@ def test_a_diverging_trial_fails_with_its_line_and_the_sweep_goes_on(
   assert rows["1000000000000.0"]["cause"] == cause
   assert (f"sweep | trial {rows['1000000000000.0']['trial']} FAIL: {cause}"
           in result.stdout)
+
+
+@pytest.mark.slow
+def test_a_partial_grid_runs_n_trials_of_its_points(tmp_path):
+  sweep_dir = str(tmp_path / "sweep")
+  args = sweep_args(sweep_dir,
+                    "--space=optimizer.learning_rate=[0.01, 0.003, 0.001]",
+                    "--sampler=grid", "--n_trials=2", "--partial_grid",
+                    "--metric=accuracy")
+  result = run_sweep(args)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"sweep | {sweep_dir}: 0 of 2 trials done" in result.stdout
+  rows = read_csv(sweep_dir)
+  assert [row["state"] for row in rows] == ["COMPLETE"] * 2
+  rates = {row["optimizer.learning_rate"] for row in rows}
+  assert len(rates) == 2 and rates < {"0.01", "0.003", "0.001"}
+  again = run_sweep(args)
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert f"sweep | {sweep_dir}: 2 of 2 trials done" in again.stdout
 
 
 @pytest.mark.slow
