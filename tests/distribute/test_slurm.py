@@ -173,6 +173,19 @@ def test_requeue_outcome_outside_slurm_and_off_the_chief():
       "the chief requeues SLURM job 5")
 
 
+
+def test_an_array_task_is_named_and_requeued_as_itself():
+  # SLURM_JOB_ID 7 is the array's own id here: `scontrol requeue 7` would
+  # requeue every task of the array.
+  task = {"SLURM_JOB_ID": "7", "SLURM_ARRAY_JOB_ID": "7",
+          "SLURM_ARRAY_TASK_ID": "1"}
+  assert slurm.job_name(task) == "7_1"
+  assert slurm.job_id(task) == "7"
+  assert slurm.job_name({"SLURM_JOB_ID": "5"}) == "5"
+  assert slurm.job_name({}) is None
+  assert slurm.requeue_outcome(False, task) == (
+      "the chief requeues SLURM job 7_1")
+
 # A real cluster from here on: `slurm_env` (tests/conftest.py).
 
 

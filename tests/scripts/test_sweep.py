@@ -548,8 +548,12 @@ def _release_until_done(env, jobs, timeout):
 
 
 @pytest.mark.slow
-def test_a_slurm_array_shares_the_sweep_and_a_requeued_task_resumes(
+def test_a_slurm_array_shares_the_sweep_and_interrupted_tasks_resume(
     slurm_env, tmp_path):
+  # Task 0 is requeued (SIGTERM: preemption, `scontrol requeue`); task 1
+  # gets SLURM's time-limit warning (SIGUSR1, sent the way `--signal=USR1@90`
+  # sends it: to the step's processes), so its trial saves and requeues the
+  # task itself. Both trials resume from their checkpoints.
   sweep_dir = tmp_path / "sweep"
   args = sweep_args(sweep_dir, *GRID, "--gin_param=trainer.train_steps=600",
                     "--gin_param=trainer.checkpoint_interval=100",
@@ -560,30 +564,44 @@ def test_a_slurm_array_shares_the_sweep_and_a_requeued_task_resumes(
       cwd=helpers.REPO_ROOT, env=slurm_env, capture_output=True, text=True,
       timeout=60, check=True)
   job = submitted.stdout.strip().split(";")[0]
-  task_0 = tmp_path / "task-0.out"
-  deadline = time.time() + 240
-  interrupted = None
-  while interrupted is None:
+  outputs = [tmp_path / f"task-{task}.out" for task in (0, 1)]
+  interrupted = [_trial_past_a_checkpoint(sweep_dir, output)
+                 for output in outputs]
+  subprocess.run(["scontrol", "requeue", f"{job}_0"], env=slurm_env,
+                 check=True, timeout=30)
+  subprocess.run(["scancel", "--signal=USR1", f"{job}_1"], env=slurm_env,
+                 check=True, timeout=30)
+  _release_until_done(slurm_env, [f"{job}_0", f"{job}_1"], timeout=400)
+  texts = [output.read_text() for output in outputs]
+  rows = read_csv(sweep_dir)
+  assert sorted(row["trial"] for row in rows) == ["0", "1", "2", "3"], (
+      "".join(texts)[-3000:])
+  assert [row["state"] for row in rows] == ["COMPLETE"] * 4
+  for task, number in enumerate(interrupted):
+    assert f"sweep | trial {number} resume | " in "".join(texts)
+    assert re.search(rf"sweep task \d+_{task} run 2 on ", texts[task])
+    text = (sweep_dir / f"trial-{number}" / "sweep.log").read_text()
+    assert re.search(r"resuming from ckpt-[1-9]\d*, step [1-9]", text), text
+    assert text.count(": new\n") == 1
+    assert text.count("finished at step 600") == 1
+  time_limit = (sweep_dir / f"trial-{interrupted[1]}" / "sweep.log"
+                ).read_text()
+  assert re.search(r"preempted at step \d+ by SIGUSR1 \(the time limit is "
+                   rf"near\): checkpoint saved; SLURM job {job}_1 requeued",
+                   time_limit), time_limit[-3000:]
+
+
+def _trial_past_a_checkpoint(sweep_dir, output, timeout=240) -> str:
+  """Waits for a trial of the array task writing `output` to save its first
+  checkpoint, unfinished; returns its number."""
+  deadline = time.time() + timeout
+  while True:
     assert time.time() < deadline, (
-        task_0.read_text() if task_0.exists() else "no output")
+        output.read_text() if output.exists() else "no output")
     for number in re.findall(r"sweep \| trial (\d) start",
-                             task_0.read_text() if task_0.exists() else ""):
+                             output.read_text() if output.exists() else ""):
       log = sweep_dir / f"trial-{number}" / "sweep.log"
       text = log.read_text() if log.exists() else ""
       if "ckpt-100" in text and "finished at step" not in text:
-        interrupted = number
+        return number
     time.sleep(0.2)
-  subprocess.run(["scontrol", "requeue", f"{job}_0"], env=slurm_env,
-                 check=True, timeout=30)
-  _release_until_done(slurm_env, [f"{job}_0", f"{job}_1"], timeout=400)
-  outputs = (task_0.read_text() + (tmp_path / "task-1.out").read_text())
-  rows = read_csv(sweep_dir)
-  assert sorted(row["trial"] for row in rows) == ["0", "1", "2", "3"], (
-      outputs[-3000:])
-  assert [row["state"] for row in rows] == ["COMPLETE"] * 4
-  assert f"sweep | trial {interrupted} resume | " in outputs
-  assert re.search(r"sweep task \d+_0 run 2 on ", task_0.read_text())
-  text = (sweep_dir / f"trial-{interrupted}" / "sweep.log").read_text()
-  assert re.search(r"resuming from ckpt-[1-9]\d*, step [1-9]", text), text
-  assert text.count(": new\n") == 1
-  assert text.count("finished at step 600") == 1

@@ -182,6 +182,20 @@ def job_id(environ: Mapping[str, str] = os.environ) -> Optional[str]:
   return environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or None
 
 
+def job_name(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+  """This job as `squeue` and `scontrol` name it: `<array job>_<task>` for
+  a task of a job array, else the job id; None outside a SLURM job.
+
+  A job array's own id names every task of it (`scontrol requeue 7`
+  requeues the whole array), and one task's SLURM_JOB_ID can be that id.
+  """
+  array, task = (environ.get("SLURM_ARRAY_JOB_ID"),
+                 environ.get("SLURM_ARRAY_TASK_ID"))
+  if job_id(environ) is not None and array and task:
+    return f"{array}_{task}"
+  return job_id(environ)
+
+
 def batch_tasks(environ: Mapping[str, str] = os.environ) -> int:
   """Tasks the job asked for, where this process is not an `srun` task but
   the batch script itself (which SLURM starts once); else 0."""
@@ -368,7 +382,7 @@ def requeue(environ: Mapping[str, str] = os.environ) -> str:
   job's tasks as it requeues, so call this only once the checkpoint is
   saved.
   """
-  job = job_id(environ)
+  job = job_name(environ)
   if job is None:
     return "not in a SLURM job, so nothing to requeue"
   try:
@@ -388,7 +402,7 @@ def requeue_outcome(is_chief: bool,
   """What becomes of the job after a stop for SIGUSR1, for the exit line:
   the chief requeues it (`requeue`), the other tasks leave it to the chief.
   """
-  job = job_id(environ)
+  job = job_name(environ)
   if job is None:
     return ("not in a SLURM job, so nothing to requeue: run the same command "
             "again")
