@@ -8,12 +8,14 @@ diverging trial, pruning, HParams) in the slow tests.
 """
 
 import csv
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 from matplotlib import image as mpimg
 import optuna
@@ -211,6 +213,46 @@ def test_report_orders_by_metric_and_names_causes(tmp_path):
   assert said[-2] == (f"sweep | accuracy against each binding in "
                       f"{tmp_path}/results.png")
   assert mpimg.imread(str(tmp_path / "results.png")).shape[:2] == (320, 400)
+
+
+def test_optuna_dashboard_serves_the_sweep_journal(tmp_path):
+  sweep_dir = str(tmp_path / "sweep")
+  study = optuna.create_study(
+      study_name=study_lib.name(sweep_dir), direction="maximize",
+      storage=study_lib.open_storage(sweep_dir, None))
+  for value in (0.5, 0.9):
+    trial = study.ask({"a.b": optuna.distributions.FloatDistribution(0, 1)})
+    study.tell(trial, value)
+  port, = helpers.free_ports(1)
+  # The docs' command, as the user runs it.
+  server = subprocess.Popen(
+      [os.path.join(os.path.dirname(sys.executable), "optuna-dashboard"),
+       os.path.join(sweep_dir, study_lib.JOURNAL), f"--port={port}",
+       "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      text=True)
+
+  def get(path):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/{path}",
+                                timeout=5) as response:
+      return json.load(response)
+
+  try:
+    deadline = time.time() + 60
+    while True:
+      try:
+        studies = get("studies")["study_summaries"]
+        break
+      except OSError:
+        assert server.poll() is None, server.communicate()[0][-2000:]
+        assert time.time() < deadline, "optuna-dashboard never answered"
+        time.sleep(0.2)
+    assert [s["study_name"] for s in studies] == ["sweep"]
+    detail = get(f"studies/{studies[0]['study_id']}")
+  finally:
+    server.terminate()
+    server.communicate(timeout=30)
+  assert [t["values"] for t in detail["trials"]] == [[0.5], [0.9]]
+  assert [t["values"] for t in detail["best_trials"]] == [[0.9]]
 
 
 def _hparams_content(log_dir, tag):
