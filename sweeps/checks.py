@@ -9,7 +9,6 @@ against what the Task's evaluation really produces.
 
 import os
 import subprocess
-import sys
 import tempfile
 from typing import Any, Dict, List, Sequence
 
@@ -95,10 +94,12 @@ class DryRun:
     gin_files: The sweep's `--gin_file`s.
     gin_params: The sweep's `--gin_param`s.
     point: The trial's bindings, `{binding: gin text}`.
+    launcher: The command trials run under (`--launcher`): the dry run
+      runs under it too, as a multi-worker trial would.
   """
 
   def __init__(self, gin_files: Sequence[str], gin_params: Sequence[str],
-               point: Dict[str, Any]):
+               point: Dict[str, Any], launcher: Sequence[str] = ()):
     self._bindings = space_lib.gin_params(point)
     self._directory = tempfile.TemporaryDirectory(prefix="sweep-dry-run-")
     # A model_dir that does not exist: the dry run neither reads nor
@@ -107,7 +108,8 @@ class DryRun:
                              SWEPT_MODE,
                              os.path.join(self._directory.name, "trial"))
     self._process = subprocess.Popen(
-        [sys.executable, *argv[1:], "--dry_run"], stdout=subprocess.PIPE,
+        trial_run.launch(launcher, argv) + ["--dry_run"],
+        stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1"))
 

@@ -6,10 +6,12 @@ line and exit code 2, and nothing written.
 """
 
 import os
+import shlex
+import shutil
 import signal
 import sys
 import time
-from typing import List
+from typing import List, Tuple
 
 from absl import flags
 import optuna
@@ -30,7 +32,7 @@ TRAIN_FLAGS = ("gin_file", "gin_param", "mode", "full_traceback")
 SWEEP_FLAGS = ("sweep_dir", "space", "metric", "direction", "n_trials",
                "sampler", "seed", "pruner", "pruner_startup_trials",
                "parallel", "storage", "stop_after_failures", "report",
-               "poll_seconds", "partial_grid")
+               "poll_seconds", "partial_grid", "launcher")
 STOPPED_EXIT_CODE = 42
 
 # The sweep's flags are defined here, not in scripts/sweep.py, so `--help`
@@ -69,6 +71,10 @@ flags.DEFINE_integer("stop_after_failures", 3, "Stop (exit 1) when this many "
                      "trials failed and none completed.", lower_bound=1)
 flags.DEFINE_bool("report", False, "Print the table of the sweep in "
                   "--sweep_dir, write its results.csv, and exit.")
+flags.DEFINE_string("launcher", None, "A command to run each trial's "
+                    "train.py (and the dry run) under, e.g. 'srun "
+                    "--ntasks=2 --overlap' for multi-worker trials in a "
+                    "SLURM job (docs/sweeps.md).")
 flags.DEFINE_float("poll_seconds", 1.0, "Wait between looks at a running "
                    "trial's evaluations.", lower_bound=0.05)
 
@@ -80,7 +86,27 @@ def _plan(sweep_dir: str, space, config, total: int) -> worker.Plan:
       mode=FLAGS.mode, total=total,
       stop_after_failures=FLAGS.stop_after_failures,
       preemption_exit_code=config.preemption_exit_code,
-      poll_seconds=FLAGS.poll_seconds)
+      poll_seconds=FLAGS.poll_seconds, launcher=launcher())
+
+
+def launcher() -> Tuple[str, ...]:
+  """`--launcher`, split as a shell would.
+
+  Raises:
+    errors.ConfigError: If it cannot be split, or names no program on PATH.
+  """
+  if not FLAGS.launcher:
+    return ()
+  try:
+    words = tuple(shlex.split(FLAGS.launcher))
+  except ValueError as e:
+    raise errors.ConfigError(
+        f"--launcher={FLAGS.launcher!r} cannot be split: {e}.") from e
+  if not words or shutil.which(words[0]) is None:
+    raise errors.ConfigError(
+        f"--launcher={FLAGS.launcher!r}: "
+        f"{words[0] if words else 'nothing'} is not a program on PATH.")
+  return words
 
 
 def _report_lines(study: optuna.Study, sweep_dir: str) -> List[str]:
@@ -88,7 +114,8 @@ def _report_lines(study: optuna.Study, sweep_dir: str) -> List[str]:
   space = space_lib.parse_space(recorded.get("space", []))
   return report.lines(study.get_trials(), space, recorded["metric"],
                       recorded["direction"], recorded["gin_files"],
-                      recorded["gin_params"], recorded["mode"], sweep_dir)
+                      recorded["gin_params"], recorded["mode"], sweep_dir,
+                      launcher())
 
 
 def report_only(sweep_dir: str) -> int:
@@ -130,7 +157,8 @@ def prepare(sweep_dir: str):
                               FLAGS.gin_file, FLAGS.gin_param, FLAGS.mode)
   exists = study_lib.exists(sweep_dir, FLAGS.storage)
   dry_run = None if exists else checks.DryRun(
-      FLAGS.gin_file, FLAGS.gin_param, space_lib.first_point(space))
+      FLAGS.gin_file, FLAGS.gin_param, space_lib.first_point(space),
+      launcher())
   try:
     config = checks.load_trial_configs(FLAGS.gin_file, FLAGS.gin_param,
                                        space)

@@ -119,20 +119,21 @@ def write_csv(sweep_dir: str, found: Sequence[Dict[str, Any]]) -> str:
 
 
 def best_command(trial: optuna.trial.FrozenTrial, gin_files: Sequence[str],
-                 gin_params: Sequence[str], mode: str,
-                 sweep_dir: str) -> str:
-  """The best trial's full `train.py` command, ready to copy."""
+                 gin_params: Sequence[str], mode: str, sweep_dir: str,
+                 launcher: Sequence[str] = ()) -> str:
+  """The best trial's full `train.py` command, ready to copy (under the
+  sweep's `--launcher`, if any)."""
   params = list(gin_params) + space_lib.gin_params(trial.params)
-  return shlex.join(trial_run.command(gin_files, params, mode,
-                                      trial_dir(sweep_dir, trial.number)))
+  return shlex.join([*launcher, *trial_run.command(
+      gin_files, params, mode, trial_dir(sweep_dir, trial.number))])
 
 
 def lines(trials: Sequence[optuna.trial.FrozenTrial],
           space: Sequence[space_lib.Dimension], metric: str, direction: str,
           gin_files: Sequence[str], gin_params: Sequence[str], mode: str,
-          sweep_dir: str) -> List[str]:
+          sweep_dir: str, launcher: Sequence[str] = ()) -> List[str]:
   """The closing report; writes `results.csv` and `results.png` on the
-  way."""
+  way. `launcher` (`--launcher`) prefixes the best trial's command."""
   ordered = sorted_trials(trials, direction)
   found = rows(ordered, space, metric, sweep_dir)
   counts = collections.Counter(trial.state.name for trial in ordered)
@@ -151,7 +152,8 @@ def lines(trials: Sequence[optuna.trial.FrozenTrial],
     best = complete[0]
     said.append(f"best | trial {best.number} | {metric} "
                 f"{_number(best.value)} | " +
-                best_command(best, gin_files, gin_params, mode, sweep_dir))
+                best_command(best, gin_files, gin_params, mode, sweep_dir,
+                             launcher))
   return said
 
 

@@ -36,6 +36,13 @@ _PRELUDE = (
     "if os.getppid() != int(sys.argv.pop(1)): os._exit(143)\n"
     "sys.argv[0] = sys.argv[1]; del sys.argv[1]\n"
     "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+# The same for a trial run under a launcher (`srun`): the launcher, which
+# passes SIGTERM on to its tasks, gets it when the sweep dies.
+_LAUNCHER_PRELUDE = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != int(sys.argv[1]): os._exit(143)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n")
 
 
 @dataclasses.dataclass
@@ -122,10 +129,12 @@ class TrialProcess:
     model_dir: The trial's model_dir.
     metric: The evaluation result optimised.
     preemption_exit_code: train.py's exit code after a SIGTERM.
+    launcher: A command to run train.py under (`launch`); empty: none.
   """
 
   def __init__(self, argv: Sequence[str], model_dir: str, metric: str,
-               preemption_exit_code: int = 42):
+               preemption_exit_code: int = 42, launcher: Sequence[str] = ()):
+    self._launcher = list(launcher)
     self._argv = list(argv)
     self._model_dir = model_dir
     self._metric = metric
@@ -211,6 +220,18 @@ class TrialProcess:
     return Outcome(COMPLETE, last, max(step, max(found)), seconds)
 
   def _launch_argv(self) -> List[str]:
+    if self._launcher:
+      argv = launch(self._launcher, self._argv)
+      if not sys.platform.startswith("linux"):
+        return argv
+      return [sys.executable, "-c", _LAUNCHER_PRELUDE, str(os.getpid()),
+              *argv]
     if not sys.platform.startswith("linux"):
       return [sys.executable] + self._argv[1:]
     return [sys.executable, "-c", _PRELUDE, str(os.getpid())] + self._argv[1:]
+
+
+def launch(launcher: Sequence[str], argv: Sequence[str]) -> List[str]:
+  """`argv` (a `command()`) run with this Python under `launcher`, e.g.
+  `srun --ntasks=2 --overlap python train.py ...`."""
+  return [*launcher, sys.executable, *argv[1:]]

@@ -44,6 +44,8 @@ class Plan:
       completed or was pruned.
     preemption_exit_code: train.py's exit code after a SIGTERM.
     poll_seconds: Wait between looks at a running trial's evaluations.
+    launcher: The command every trial's train.py runs under (e.g. `srun
+      --ntasks=2 --overlap` for a multi-worker trial); empty: none.
   """
   sweep_dir: str
   space: Tuple[space_lib.Dimension, ...]
@@ -55,6 +57,7 @@ class Plan:
   stop_after_failures: int = 3
   preemption_exit_code: int = 42
   poll_seconds: float = 1.0
+  launcher: Tuple[str, ...] = ()
 
 
 def _bindings(plan: Plan, params: Dict[str, object]) -> List[str]:
@@ -160,7 +163,8 @@ class Sweep:
     process = trial_run.TrialProcess(
         trial_run.command(plan.gin_files, list(plan.gin_params) + bindings,
                           plan.mode, model_dir),
-        model_dir, plan.metric, plan.preemption_exit_code)
+        model_dir, plan.metric, plan.preemption_exit_code,
+        launcher=plan.launcher)
     with self._running_lock:
       self._running.add(process)
     try:

@@ -321,6 +321,11 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
           "sweep.py: error: the grid has 3 points, more than --n_trials=2: "
           "raise --n_trials, sample it with --sampler=random or tpe, or run "
           "--n_trials of its points with --partial_grid."),
+      "launcher not found": (
+          ["--space=optimizer.learning_rate=[0.01, 0.001]",
+           "--metric=accuracy", "--launcher=no-such-launcher -n2"],
+          "sweep.py: error: --launcher='no-such-launcher -n2': "
+          "no-such-launcher is not a program on PATH."),
       "metric not produced": (
           ["--space=optimizer.learning_rate=[0.01, 0.001]", "--metric=f1"],
           "sweep.py: error: --metric=f1 is not a result of the task's "
@@ -647,3 +652,33 @@ def _trial_past_a_checkpoint(sweep_dir, output, timeout=240) -> str:
       if "ckpt-100" in text and "finished at step" not in text:
         return number
     time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_a_trial_runs_multi_worker_under_srun(slurm_env, tmp_path):
+  # One array task of 2 SLURM tasks: the sweep is one of them, each trial
+  # a step of 2 workers (`--launcher`), as docs/sweeps.md shows.
+  sweep_dir = tmp_path / "sweep"
+  args = sweep_args(
+      sweep_dir, "--space=optimizer.learning_rate=[0.01]", "--n_trials=1",
+      "--metric=accuracy", "--launcher=srun --ntasks=2 --overlap",
+      "--gin_param=runtime.distribution_strategy='multi_worker_mirrored'")
+  output = tmp_path / "task.out"
+  submitted = subprocess.run(
+      ["sbatch", "--parsable", "--ntasks=2", f"--output={output}",
+       SWEEP_SBATCH, *args], cwd=helpers.REPO_ROOT, env=slurm_env,
+      capture_output=True, text=True, timeout=60, check=True)
+  job = submitted.stdout.strip().split(";")[0]
+  _release_until_done(slurm_env, [job], timeout=300)
+  text = output.read_text()
+  rows = read_csv(sweep_dir)
+  assert [row["state"] for row in rows] == ["COMPLETE"], text[-3000:]
+  log = (sweep_dir / "trial-0" / "sweep.log").read_text()
+  assert sorted(re.findall(r"2 workers on \S+, this is worker (\d)", log)) == [
+      "0", "1"], log[-3000:]
+  assert "multi_worker_mirrored, 2 replicas on 2 workers" in log
+  assert float(rows[0]["accuracy"]) == pytest.approx(
+      final_metric(sweep_dir / "trial-0"), abs=1e-6)
+  assert re.search(r"^best \| trial 0 \| accuracy [\d.]+ \| srun --ntasks=2 "
+                   r"--overlap \S*python\S* train.py ", text, re.MULTILINE), (
+                       text[-2000:])
