@@ -10,12 +10,13 @@ against what the Task's evaluation really produces.
 import os
 import subprocess
 import tempfile
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import gin
 
 from sweeps import space as space_lib
 from sweeps import trial_run
+from sweeps import warm
 from trainer import errors
 from trainer import experiment
 from trainer import gin_config
@@ -96,10 +97,13 @@ class DryRun:
     point: The trial's bindings, `{binding: gin text}`.
     launcher: The command trials run under (`--launcher`): the dry run
       runs under it too, as a multi-worker trial would.
+    python: A process that loaded TensorFlow already, to run the dry run
+      in (without a launcher); None: a new one.
   """
 
   def __init__(self, gin_files: Sequence[str], gin_params: Sequence[str],
-               point: Dict[str, Any], launcher: Sequence[str] = ()):
+               point: Dict[str, Any], launcher: Sequence[str] = (),
+               python: Optional[warm.WarmPython] = None):
     self._bindings = space_lib.gin_params(point)
     self._directory = tempfile.TemporaryDirectory(prefix="sweep-dry-run-")
     # A model_dir that does not exist: the dry run neither reads nor
@@ -107,6 +111,9 @@ class DryRun:
     argv = trial_run.command(gin_files, list(gin_params) + self._bindings,
                              SWEPT_MODE,
                              os.path.join(self._directory.name, "trial"))
+    if python is not None and not launcher:
+      self._process = python.run(argv[1:] + ["--dry_run"])
+      return
     self._process = subprocess.Popen(
         trial_run.launch(launcher, argv) + ["--dry_run"],
         stdout=subprocess.PIPE,

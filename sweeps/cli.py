@@ -11,7 +11,7 @@ import shutil
 import signal
 import sys
 import time
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from absl import flags
 import optuna
@@ -22,6 +22,7 @@ from sweeps import locks
 from sweeps import report
 from sweeps import space as space_lib
 from sweeps import study as study_lib
+from sweeps import warm
 from sweeps import worker
 from trainer import cli
 from trainer import console
@@ -137,9 +138,10 @@ def sampler_kind(space) -> str:
   return ("grid" if all(d.kind == "choice" for d in space) else "tpe")
 
 
-def prepare(sweep_dir: str):
+def prepare(sweep_dir: str, python: Optional[warm.WarmPython] = None):
   """Checks every input; returns the plan, the study's identity, and
-  whether the study exists already. Writes nothing.
+  whether the study exists already. Writes nothing. `python`, if given,
+  runs the dry run of a new sweep.
 
   Raises:
     errors.ConfigError: The first problem, as one line.
@@ -158,7 +160,9 @@ def prepare(sweep_dir: str):
   exists = study_lib.exists(sweep_dir, FLAGS.storage)
   dry_run = None if exists else checks.DryRun(
       FLAGS.gin_file, FLAGS.gin_param, space_lib.first_point(space),
-      launcher())
+      launcher(), python)
+  if python is not None:
+    python.close()  # Unless the dry run took it.
   try:
     config = checks.load_trial_configs(FLAGS.gin_file, FLAGS.gin_param,
                                        space)
@@ -176,10 +180,10 @@ def prepare(sweep_dir: str):
   return _plan(sweep_dir, space, config, total), wanted, exists
 
 
-def sweep(sweep_dir: str) -> int:
-  """Runs the sweep; returns the exit code."""
+def sweep(sweep_dir: str, python: Optional[warm.WarmPython] = None) -> int:
+  """Runs the sweep; returns the exit code. `python`: see `prepare`."""
   started = time.monotonic()
-  plan, wanted, exists = prepare(sweep_dir)
+  plan, wanted, exists = prepare(sweep_dir, python)
   os.makedirs(sweep_dir, exist_ok=True)
   with locks.held(os.path.join(sweep_dir, locks.CLAIMS)):
     study = study_lib.open_study(
@@ -208,8 +212,9 @@ def sweep(sweep_dir: str) -> int:
   return 0
 
 
-def main() -> None:
-  """Entry point of `scripts/sweep.py`."""
+def main(python: Optional[warm.WarmPython] = None) -> None:
+  """Entry point of `scripts/sweep.py`, which may have started `python`
+  for the dry run (`sweeps.warm`)."""
   argv = cli.parse_flags(sys.argv, PROGRAM, SWEEP_FLAGS + TRAIN_FLAGS)
   if len(argv) > 1:
     cli.fail(f"unexpected arguments: {' '.join(argv[1:])}", program=PROGRAM)
@@ -220,6 +225,6 @@ def main() -> None:
       raise errors.ConfigError("--sweep_dir is required.")
     if FLAGS.report:
       sys.exit(report_only(FLAGS.sweep_dir))
-    sys.exit(sweep(FLAGS.sweep_dir))
+    sys.exit(sweep(FLAGS.sweep_dir, python))
   except errors.ConfigError as e:
     cli.fail(str(e), program=PROGRAM)

@@ -27,6 +27,7 @@ from sweeps import hparams
 from sweeps import report
 from sweeps import space as space_lib
 from sweeps import study as study_lib
+from sweeps import warm
 from trainer import errors
 
 import helpers
@@ -149,6 +150,21 @@ def test_space_errors():
 
 
 # The study and the report.
+
+
+def test_a_warm_python_runs_a_script_with_tensorflow_loaded(tmp_path):
+  script = tmp_path / "show.py"
+  script.write_text("import sys\n"
+                    "print(sys.argv[1:], 'tensorflow' in sys.modules)\n")
+  process = warm.WarmPython().run([str(script), "--a=1", "b"])
+  output, _ = process.communicate(timeout=120)
+  assert process.returncode == 0, output
+  assert output.splitlines()[-1] == "['--a=1', 'b'] True"
+  unused = warm.WarmPython()
+  unused.close()
+  assert unused._process.returncode is not None  # pylint: disable=protected-access
+  assert warm.start(["sweep.py", "--sweep_dir=x", "--report"]) is None
+  assert warm.start(["sweep.py", "--launcher=srun -n2"]) is None
 
 
 @pytest.mark.parametrize("url", [None, "sqlite:///{}/sweep.db"])
