@@ -28,8 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
 from sweeps import warm  # noqa: E402  The standard library only.
 
-# Loads TensorFlow for the dry run while this process loads its own.
-WARM = warm.start(sys.argv) if __name__ == "__main__" else None
+# The dry run's and the first trial's processes load TensorFlow while this
+# process loads its own.
+AHEAD = warm.start(sys.argv) if __name__ == "__main__" else None
 
 import trainer  # noqa: E402,F401  Selects Keras 2 before TensorFlow loads.
 
@@ -40,4 +41,4 @@ if importlib.util.find_spec("optuna") is None:
 from sweeps import cli  # noqa: E402
 
 if __name__ == "__main__":
-  cli.main(WARM)
+  cli.main(AHEAD)

@@ -180,10 +180,11 @@ def prepare(sweep_dir: str, python: Optional[warm.WarmPython] = None):
   return _plan(sweep_dir, space, config, total), wanted, exists
 
 
-def sweep(sweep_dir: str, python: Optional[warm.WarmPython] = None) -> int:
-  """Runs the sweep; returns the exit code. `python`: see `prepare`."""
+def sweep(sweep_dir: str, ahead: Optional[warm.Ahead] = None) -> int:
+  """Runs the sweep, in the processes `ahead` if given; returns the exit
+  code."""
   started = time.monotonic()
-  plan, wanted, exists = prepare(sweep_dir, python)
+  plan, wanted, exists = prepare(sweep_dir, ahead and ahead.dry_run)
   os.makedirs(sweep_dir, exist_ok=True)
   with locks.held(os.path.join(sweep_dir, locks.CLAIMS)):
     study = study_lib.open_study(
@@ -197,7 +198,7 @@ def sweep(sweep_dir: str, python: Optional[warm.WarmPython] = None) -> int:
                f"{sampler_kind(plan.space)} sampler, {FLAGS.pruner} pruner, "
                f"{FLAGS.parallel} at once | {plan.metric}, {FLAGS.direction} "
                f"| checked in {time.monotonic() - started:.1f} s")
-  runner = worker.Sweep(study, plan)
+  runner = worker.Sweep(study, plan, ahead and ahead.trials)
   # SIGUSR1: SLURM's time-limit warning, which the trial gets too (it saves
   # and requeues the job); without a handler it would kill the sweep.
   for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
@@ -212,9 +213,9 @@ def sweep(sweep_dir: str, python: Optional[warm.WarmPython] = None) -> int:
   return 0
 
 
-def main(python: Optional[warm.WarmPython] = None) -> None:
-  """Entry point of `scripts/sweep.py`, which may have started `python`
-  for the dry run (`sweeps.warm`)."""
+def main(ahead: Optional[warm.Ahead] = None) -> None:
+  """Entry point of `scripts/sweep.py`, which may have started processes
+  `ahead` for the dry run and the first trial (`sweeps.warm`)."""
   argv = cli.parse_flags(sys.argv, PROGRAM, SWEEP_FLAGS + TRAIN_FLAGS)
   if len(argv) > 1:
     cli.fail(f"unexpected arguments: {' '.join(argv[1:])}", program=PROGRAM)
@@ -225,6 +226,6 @@ def main(python: Optional[warm.WarmPython] = None) -> None:
       raise errors.ConfigError("--sweep_dir is required.")
     if FLAGS.report:
       sys.exit(report_only(FLAGS.sweep_dir))
-    sys.exit(sweep(FLAGS.sweep_dir, python))
+    sys.exit(sweep(FLAGS.sweep_dir, ahead))
   except errors.ConfigError as e:
     cli.fail(str(e), program=PROGRAM)

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
+from sweeps import warm
 from trainer.loop import continuous_eval
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -130,11 +131,15 @@ class TrialProcess:
     metric: The evaluation result optimised.
     preemption_exit_code: train.py's exit code after a SIGTERM.
     launcher: A command to run train.py under (`launch`); empty: none.
+    python: A process with TensorFlow loaded to run train.py in (without
+      a launcher); None: a new one.
   """
 
   def __init__(self, argv: Sequence[str], model_dir: str, metric: str,
-               preemption_exit_code: int = 42, launcher: Sequence[str] = ()):
+               preemption_exit_code: int = 42, launcher: Sequence[str] = (),
+               python: Optional[warm.WarmPython] = None):
     self._launcher = list(launcher)
+    self._python = None if launcher else python
     self._argv = list(argv)
     self._model_dir = model_dir
     self._metric = metric
@@ -168,10 +173,13 @@ class TrialProcess:
     start = time.monotonic()
     with open(log_path, "a") as log:
       offset = log.tell()
-      process = subprocess.Popen(
-          self._launch_argv(), stdout=log, stderr=subprocess.STDOUT,
-          stdin=subprocess.DEVNULL,
-          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+      if self._python is not None and self._python.alive:
+        process = self._python.run(self._argv[1:], log=log_path)
+      else:
+        process = subprocess.Popen(
+            self._launch_argv(), stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"))
     self._process = process
     reported = set()
     pruned = stopped = False

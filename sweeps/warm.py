@@ -1,12 +1,12 @@
-"""A Python process that loads TensorFlow before it is told what to run.
+"""Python processes that load TensorFlow before they are told what to run.
 
-A new sweep's checks end with `train.py --dry_run` (`sweeps.checks`), and
-both it and the sweep itself spend their first seconds importing
-TensorFlow: one after the other, that was 3.4 s of the sweep's start. So
-`scripts/sweep.py` starts this process first, before its own imports, and
-hands it the dry run's command once the flags are parsed: the two imports
-run at once, on two cores. Standard library only, so that starting it costs
-nothing.
+Every `train.py` a sweep starts (a new sweep's dry run, each trial) spends
+its first seconds importing TensorFlow, as the sweep itself does. So the
+sweep starts them ahead: `scripts/sweep.py` starts one for the dry run and
+one for the first trial before its own imports, and each worker starts the
+process of its next trial as its trial starts. The command follows once it
+is known: the imports run while other work does, on the host's other
+cores. Standard library only, so that starting one costs nothing.
 """
 
 import atexit
@@ -14,44 +14,78 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from typing import List, Optional, Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Imports the framework (and with it TensorFlow), then runs the script and
-# arguments of the first line of stdin as `python SCRIPT ARGS` would; ends
-# quietly when stdin closes first (the sweep needed no dry run).
+# argv: the repository, and the sweep's pid or 0. With a pid (on Linux), the
+# process gets SIGTERM when the sweep thread that started it dies, even by
+# SIGKILL, and so a trial checkpoints and exits instead of training on
+# unwatched and holding its model_dir's lease against the rerun that
+# resumes it. It imports the framework (and TensorFlow), then reads its
+# command, `{"argv": [SCRIPT, ARG, ...], "log": PATH or null}`, from stdin,
+# sends its output to the log if one is named, and runs the script as
+# `python SCRIPT ARG ...` would; it ends quietly if stdin closes first.
 _PRELUDE = (
-    "import json, runpy, sys\n"
+    "import ctypes, json, os, runpy, signal, sys\n"
+    "# Held, as train.py holds them, until its handlers are in place.\n"
+    "signal.pthread_sigmask(signal.SIG_BLOCK,\n"
+    "                       {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1})\n"
+    "parent = int(sys.argv[2])\n"
+    "if parent:\n"
+    "  ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
+    "  if os.getppid() != parent: os._exit(143)\n"
     "sys.path.insert(0, sys.argv[1])\n"
     "import trainer  # noqa: F401\n"
     "line = sys.stdin.readline()\n"
-    "if not line: sys.exit(0)\n"
-    "sys.argv = json.loads(line)\n"
+    "if not line: os._exit(0)\n"
+    "command = json.loads(line)\n"
+    "if command['log']:\n"
+    "  log = os.open(command['log'], os.O_WRONLY | os.O_APPEND | os.O_CREAT,"
+    " 0o644)\n"
+    "  os.dup2(log, 1); os.dup2(log, 2); os.close(log)\n"
+    "sys.argv = command['argv']\n"
     "runpy.run_path(sys.argv[0], run_name='__main__')\n")
 
-# Flags after which no dry run is run, or not by this process (under a
-# launcher the dry run is the launcher's process).
-_NO_DRY_RUN = ("--report", "--help", "-h", "--helpfull", "--launcher")
+# Flags after which the sweep starts no train.py of its own ahead (under a
+# launcher, the launcher starts them).
+_NONE_AHEAD = ("--report", "--help", "-h", "--helpfull", "--launcher")
 
 
 class WarmPython:
   """A Python process with TensorFlow loaded (or loading), waiting for a
-  command; killed at exit unless it was given one."""
+  command; killed at exit unless it was given one.
 
-  def __init__(self):
+  Args:
+    trial: For a trial: its output goes to the log its command names, and
+      it dies with the sweep thread that started it (on Linux). Else (the
+      dry run) its output is a pipe.
+  """
+
+  def __init__(self, trial: bool = False):
     self._given = False
+    parent = os.getpid() if trial and sys.platform.startswith("linux") else 0
     self._process = subprocess.Popen(
-        [sys.executable, "-c", _PRELUDE, REPO_ROOT], stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        [sys.executable, "-c", _PRELUDE, REPO_ROOT, str(parent)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL if trial else subprocess.PIPE,
+        stderr=subprocess.DEVNULL if trial else subprocess.STDOUT,
+        text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     atexit.register(self.close)
 
-  def run(self, argv: Sequence[str]) -> subprocess.Popen:
-    """Runs `argv` (`[script, arg, ...]`) in the process; returns it, its
-    output (stdout and stderr) a pipe."""
+  @property
+  def alive(self) -> bool:
+    """Whether it waits for a command (it did not die loading)."""
+    return not self._given and self._process.poll() is None
+
+  def run(self, argv: Sequence[str], log: Optional[str] = None
+          ) -> subprocess.Popen:
+    """Runs `argv` (`[script, arg, ...]`) in the process, its output
+    appended to `log` if given (else the pipe); returns the process."""
     self._given = True
-    self._process.stdin.write(json.dumps(list(argv)) + "\n")
+    self._process.stdin.write(json.dumps({"argv": list(argv), "log": log}) +
+                              "\n")
     self._process.stdin.close()
     self._process.stdin = None  # So that `communicate` reads only.
     return self._process
@@ -64,9 +98,56 @@ class WarmPython:
       self._given = True  # Closed: once is enough.
 
 
-def start(argv: List[str]) -> Optional[WarmPython]:
-  """Starts a `WarmPython` for the dry run, unless `argv` (the sweep's)
-  asks for none or for one under a launcher."""
-  if any(arg.split("=", 1)[0] in _NO_DRY_RUN for arg in argv[1:]):
+class Ahead:
+  """The processes started ahead by `scripts/sweep.py`: one for a new
+  sweep's dry run, one for its first trial."""
+
+  def __init__(self):
+    self.dry_run: Optional[WarmPython] = WarmPython()
+    self.trials = Spares(WarmPython(trial=True))
+
+
+class Spares:
+  """The next trial's process of each worker thread, started as the
+  thread's trial starts.
+
+  A process dies with the thread that started it (`WarmPython`), so a
+  thread runs only those it started, or the first, which the main thread
+  started and outlives every worker.
+
+  Args:
+    first: The process started for the first trial, or None.
+  """
+
+  def __init__(self, first: Optional[WarmPython] = None):
+    self._shared = [first] if first else []
+    self._lock = threading.Lock()
+    self._local = threading.local()
+
+  def take(self, more: bool) -> Optional[WarmPython]:
+    """Returns a process for this thread's trial (None: start one cold),
+    and starts this thread's next if `more` trials may follow."""
+    python = getattr(self._local, "spare", None)
+    if python is None:
+      with self._lock:
+        python = self._shared.pop() if self._shared else None
+    self._local.spare = WarmPython(trial=True) if more else None
+    if python is not None and not python.alive:
+      python.close()
+      return None
+    return python
+
+  def close(self) -> None:
+    """Ends every process not given a command (atexit does too)."""
+    with self._lock:
+      for python in self._shared:
+        python.close()
+      self._shared = []
+
+
+def start(argv: List[str]) -> Optional[Ahead]:
+  """Starts the processes ahead, unless `argv` (the sweep's) asks for none
+  (`--report`, `--help`) or runs its trials under a `--launcher`."""
+  if any(arg.split("=", 1)[0] in _NONE_AHEAD for arg in argv[1:]):
     return None
-  return WarmPython()
+  return Ahead()

@@ -22,6 +22,7 @@ from sweeps import locks
 from sweeps import report
 from sweeps import space as space_lib
 from sweeps import trial_run
+from sweeps import warm
 from trainer import console
 
 # How long a resumed trial waits for its killed predecessor to save.
@@ -75,9 +76,13 @@ class Sweep:
       trials failed and none did better; None otherwise.
   """
 
-  def __init__(self, study: optuna.Study, plan: Plan):
+  def __init__(self, study: optuna.Study, plan: Plan,
+               spares: Optional[warm.Spares] = None):
     self._study = study
     self._plan = plan
+    # Trials run in processes that loaded TensorFlow ahead (`sweeps.warm`),
+    # except under a launcher, which starts its own.
+    self._spares = None if plan.launcher else spares
     self.stop = threading.Event()
     self.first_failure: Optional[str] = None
     self._running: Set[trial_run.TrialProcess] = set()
@@ -100,6 +105,8 @@ class Sweep:
     for worker in workers:
       while worker.is_alive():  # Short joins: signal handlers run between.
         worker.join(0.5)
+    if self._spares is not None:
+      self._spares.close()
 
   def _work(self) -> None:
     while not self.stop.is_set():
@@ -160,11 +167,15 @@ class Sweep:
       trial.report(value, step)
       return trial.should_prune()
 
+    python = None
+    if self._spares is not None:
+      more = len(self._study.get_trials(deepcopy=False)) < plan.total
+      python = self._spares.take(more=more and not self.stop.is_set())
     process = trial_run.TrialProcess(
         trial_run.command(plan.gin_files, list(plan.gin_params) + bindings,
                           plan.mode, model_dir),
         model_dir, plan.metric, plan.preemption_exit_code,
-        launcher=plan.launcher)
+        launcher=plan.launcher, python=python)
     with self._running_lock:
       self._running.add(process)
     try:

@@ -152,6 +152,7 @@ def test_space_errors():
 # The study and the report.
 
 
+@pytest.mark.slow  # Loads TensorFlow in a process: seconds, more under load.
 def test_a_warm_python_runs_a_script_with_tensorflow_loaded(tmp_path):
   script = tmp_path / "show.py"
   script.write_text("import sys\n"
