@@ -138,10 +138,11 @@ def sampler_kind(space) -> str:
   return ("grid" if all(d.kind == "choice" for d in space) else "tpe")
 
 
-def prepare(sweep_dir: str, python: Optional[warm.WarmPython] = None):
+def prepare(sweep_dir: str, ahead: Optional[warm.Ahead] = None):
   """Checks every input; returns the plan, the study's identity, and
-  whether the study exists already. Writes nothing. `python`, if given,
-  runs the dry run of a new sweep.
+  whether the study exists already. Writes nothing. With `ahead`, its
+  process runs the dry run of a new sweep, and the first trial's process
+  starts once the bindings are checked.
 
   Raises:
     errors.ConfigError: The first problem, as one line.
@@ -158,6 +159,7 @@ def prepare(sweep_dir: str, python: Optional[warm.WarmPython] = None):
   wanted = study_lib.identity(space, FLAGS.metric, FLAGS.direction,
                               FLAGS.gin_file, FLAGS.gin_param, FLAGS.mode)
   exists = study_lib.exists(sweep_dir, FLAGS.storage)
+  python = ahead.dry_run if ahead else None
   dry_run = None if exists else checks.DryRun(
       FLAGS.gin_file, FLAGS.gin_param, space_lib.first_point(space),
       launcher(), python)
@@ -172,7 +174,9 @@ def prepare(sweep_dir: str, python: Optional[warm.WarmPython] = None):
               study_name=study_lib.name(sweep_dir),
               storage=study_lib.open_storage(sweep_dir, FLAGS.storage)),
           wanted, sweep_dir)
-    else:
+    if ahead is not None and not FLAGS.launcher:
+      ahead.first_trial()
+    if not exists:
       checks.check_metric(FLAGS.metric, dry_run.metrics())
   finally:
     if dry_run:
@@ -184,7 +188,7 @@ def sweep(sweep_dir: str, ahead: Optional[warm.Ahead] = None) -> int:
   """Runs the sweep, in the processes `ahead` if given; returns the exit
   code."""
   started = time.monotonic()
-  plan, wanted, exists = prepare(sweep_dir, ahead and ahead.dry_run)
+  plan, wanted, exists = prepare(sweep_dir, ahead)
   os.makedirs(sweep_dir, exist_ok=True)
   with locks.held(os.path.join(sweep_dir, locks.CLAIMS)):
     study = study_lib.open_study(

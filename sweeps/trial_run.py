@@ -27,18 +27,11 @@ LOG = "sweep.log"
 
 COMPLETE, FAIL, PRUNED, STOPPED = "COMPLETE", "FAIL", "PRUNED", "STOPPED"
 
-# Run before train.py in the trial's process: on Linux the trial gets
-# SIGTERM (and so checkpoints and exits) when the sweep thread that started
-# it dies, even by SIGKILL, instead of training on unwatched and holding
+# A trial under a launcher (`srun`): the launcher, which passes SIGTERM on
+# to its tasks, gets SIGTERM when the sweep thread that started it dies,
+# even by SIGKILL, as a trial's own process does (`sweeps.warm`): so the
+# trial checkpoints and exits instead of training on unwatched and holding
 # its model_dir's lease against the rerun that resumes it.
-_PRELUDE = (
-    "import ctypes, os, runpy, signal, sys\n"
-    "ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
-    "if os.getppid() != int(sys.argv.pop(1)): os._exit(143)\n"
-    "sys.argv[0] = sys.argv[1]; del sys.argv[1]\n"
-    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
-# The same for a trial run under a launcher (`srun`): the launcher, which
-# passes SIGTERM on to its tasks, gets it when the sweep dies.
 _LAUNCHER_PRELUDE = (
     "import ctypes, os, signal, sys\n"
     "ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
@@ -131,8 +124,8 @@ class TrialProcess:
     metric: The evaluation result optimised.
     preemption_exit_code: train.py's exit code after a SIGTERM.
     launcher: A command to run train.py under (`launch`); empty: none.
-    python: A process with TensorFlow loaded to run train.py in (without
-      a launcher); None: a new one.
+    python: A process started ahead (`sweeps.warm`) to run train.py in,
+      without a launcher; None or a dead one: a new one.
   """
 
   def __init__(self, argv: Sequence[str], model_dir: str, metric: str,
@@ -173,13 +166,16 @@ class TrialProcess:
     start = time.monotonic()
     with open(log_path, "a") as log:
       offset = log.tell()
-      if self._python is not None and self._python.alive:
-        process = self._python.run(self._argv[1:], log=log_path)
-      else:
+      if self._launcher:
         process = subprocess.Popen(
             self._launch_argv(), stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=dict(os.environ, PYTHONUNBUFFERED="1"))
+      else:
+        # One started ahead if there is one alive, else one started now.
+        python = (self._python if self._python is not None and
+                  self._python.alive else warm.WarmPython(trial=True))
+        process = python.run(self._argv[1:], log=log_path)
     self._process = process
     reported = set()
     pruned = stopped = False
@@ -228,15 +224,10 @@ class TrialProcess:
     return Outcome(COMPLETE, last, max(step, max(found)), seconds)
 
   def _launch_argv(self) -> List[str]:
-    if self._launcher:
-      argv = launch(self._launcher, self._argv)
-      if not sys.platform.startswith("linux"):
-        return argv
-      return [sys.executable, "-c", _LAUNCHER_PRELUDE, str(os.getpid()),
-              *argv]
+    argv = launch(self._launcher, self._argv)
     if not sys.platform.startswith("linux"):
-      return [sys.executable] + self._argv[1:]
-    return [sys.executable, "-c", _PRELUDE, str(os.getpid())] + self._argv[1:]
+      return argv
+    return [sys.executable, "-c", _LAUNCHER_PRELUDE, str(os.getpid()), *argv]
 
 
 def launch(launcher: Sequence[str], argv: Sequence[str]) -> List[str]:

@@ -2,9 +2,10 @@
 
 Every `train.py` a sweep starts (a new sweep's dry run, each trial) spends
 its first seconds importing TensorFlow, as the sweep itself does. So the
-sweep starts them ahead: `scripts/sweep.py` starts one for the dry run and
-one for the first trial before its own imports, and each worker starts the
-process of its next trial as its trial starts. The command follows once it
+sweep starts them ahead: `scripts/sweep.py` starts one for the dry run
+before its own imports, the sweep one for the first trial once the bindings
+are checked, and each worker the process of its next trial as its trial
+starts. The command follows once it
 is known: the imports run while other work does, on the host's other
 cores. Standard library only, so that starting one costs nothing.
 """
@@ -23,7 +24,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # process gets SIGTERM when the sweep thread that started it dies, even by
 # SIGKILL, and so a trial checkpoints and exits instead of training on
 # unwatched and holding its model_dir's lease against the rerun that
-# resumes it. It imports the framework (and TensorFlow), then reads its
+# resumes it. It imports the framework (and TensorFlow; a failure is
+# written to the run's output once the command names it), then reads its
 # command, `{"argv": [SCRIPT, ARG, ...], "log": PATH or null}`, from stdin,
 # sends its output to the log if one is named, and runs the script as
 # `python SCRIPT ARG ...` would; it ends quietly if stdin closes first.
@@ -37,7 +39,11 @@ _PRELUDE = (
     "  ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
     "  if os.getppid() != parent: os._exit(143)\n"
     "sys.path.insert(0, sys.argv[1])\n"
-    "import trainer  # noqa: F401\n"
+    "try:\n"
+    "  import trainer  # noqa: F401\n"
+    "  failure = None\n"
+    "except BaseException:\n"
+    "  import traceback; failure = traceback.format_exc()\n"
     "line = sys.stdin.readline()\n"
     "if not line: os._exit(0)\n"
     "command = json.loads(line)\n"
@@ -45,6 +51,8 @@ _PRELUDE = (
     "  log = os.open(command['log'], os.O_WRONLY | os.O_APPEND | os.O_CREAT,"
     " 0o644)\n"
     "  os.dup2(log, 1); os.dup2(log, 2); os.close(log)\n"
+    "if failure:  # Said where the run's output goes.\n"
+    "  sys.stderr.write(failure); sys.stderr.flush(); os._exit(1)\n"
     "sys.argv = command['argv']\n"
     "runpy.run_path(sys.argv[0], run_name='__main__')\n")
 
@@ -99,12 +107,18 @@ class WarmPython:
 
 
 class Ahead:
-  """The processes started ahead by `scripts/sweep.py`: one for a new
-  sweep's dry run, one for its first trial."""
+  """The processes started ahead of the sweep's own: the dry run's, at
+  once (`scripts/sweep.py`), and the first trial's, once the bindings are
+  checked (`first_trial`): bad input then starts one process, not two."""
 
   def __init__(self):
     self.dry_run: Optional[WarmPython] = WarmPython()
-    self.trials = Spares(WarmPython(trial=True))
+    self.trials = Spares()
+
+  def first_trial(self) -> None:
+    """Starts the first trial's process (from the main thread, which
+    outlives every worker)."""
+    self.trials.add(WarmPython(trial=True))
 
 
 class Spares:
@@ -112,17 +126,19 @@ class Spares:
   thread's trial starts.
 
   A process dies with the thread that started it (`WarmPython`), so a
-  thread runs only those it started, or the first, which the main thread
-  started and outlives every worker.
-
-  Args:
-    first: The process started for the first trial, or None.
+  thread runs only those it started, or those `add`ed, which the main
+  thread started and outlives every worker.
   """
 
-  def __init__(self, first: Optional[WarmPython] = None):
-    self._shared = [first] if first else []
+  def __init__(self):
+    self._shared: List[WarmPython] = []
     self._lock = threading.Lock()
     self._local = threading.local()
+
+  def add(self, python: WarmPython) -> None:
+    """Adds a process any thread may take: one the main thread started."""
+    with self._lock:
+      self._shared.append(python)
 
   def take(self, more: bool) -> Optional[WarmPython]:
     """Returns a process for this thread's trial (None: start one cold),

@@ -152,6 +152,21 @@ def test_space_errors():
 # The study and the report.
 
 
+def test_a_warm_python_that_could_not_load_says_why_in_the_log(
+    tmp_path, monkeypatch):
+  # A repository whose framework cannot be imported: the import fails
+  # before the command comes, and the reason goes where the run's output
+  # goes.
+  (tmp_path / "trainer").mkdir()
+  (tmp_path / "trainer" / "__init__.py").write_text(
+      "raise ImportError('a broken install')\n")
+  monkeypatch.setattr(warm, "REPO_ROOT", str(tmp_path))
+  log = tmp_path / "sweep.log"
+  process = warm.WarmPython(trial=True).run(["train.py"], log=str(log))
+  assert process.wait(timeout=60) == 1
+  assert log.read_text().splitlines()[-1] == "ImportError: a broken install"
+
+
 @pytest.mark.slow  # Loads TensorFlow in a process: seconds, more under load.
 def test_a_warm_python_runs_a_script_with_tensorflow_loaded(tmp_path):
   script = tmp_path / "show.py"
