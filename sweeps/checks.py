@@ -98,7 +98,7 @@ class DryRun:
     launcher: The command trials run under (`--launcher`): the dry run
       runs under it too, as a multi-worker trial would.
     python: A process that loaded TensorFlow already, to run the dry run
-      in (without a launcher); None: a new one.
+      in; None: a new one (under `launcher`, if any).
   """
 
   def __init__(self, gin_files: Sequence[str], gin_params: Sequence[str],
@@ -111,7 +111,7 @@ class DryRun:
     argv = trial_run.command(gin_files, list(gin_params) + self._bindings,
                              SWEPT_MODE,
                              os.path.join(self._directory.name, "trial"))
-    if python is not None and not launcher:
+    if python is not None:
       self._process = python.run(argv[1:] + ["--dry_run"])
       return
     self._process = subprocess.Popen(

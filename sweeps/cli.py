@@ -174,7 +174,7 @@ def prepare(sweep_dir: str, ahead: Optional[warm.Ahead] = None):
               study_name=study_lib.name(sweep_dir),
               storage=study_lib.open_storage(sweep_dir, FLAGS.storage)),
           wanted, sweep_dir)
-    if ahead is not None and not FLAGS.launcher:
+    if ahead is not None:
       ahead.first_trial()
     if not exists:
       checks.check_metric(FLAGS.metric, dry_run.metrics())
@@ -228,6 +228,9 @@ def main(ahead: Optional[warm.Ahead] = None) -> None:
   try:
     if not FLAGS.sweep_dir:
       raise errors.ConfigError("--sweep_dir is required.")
+    if ahead is not None and (FLAGS.report or FLAGS.launcher):
+      ahead.close()  # None is run: the launcher starts every process.
+      ahead = None
     if FLAGS.report:
       sys.exit(report_only(FLAGS.sweep_dir))
     sys.exit(sweep(FLAGS.sweep_dir, ahead))

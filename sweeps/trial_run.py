@@ -124,15 +124,15 @@ class TrialProcess:
     metric: The evaluation result optimised.
     preemption_exit_code: train.py's exit code after a SIGTERM.
     launcher: A command to run train.py under (`launch`); empty: none.
-    python: A process started ahead (`sweeps.warm`) to run train.py in,
-      without a launcher; None or a dead one: a new one.
+    python: A process started ahead (`sweeps.warm`) to run train.py in;
+      None or a dead one: a new one. Unused under a launcher.
   """
 
   def __init__(self, argv: Sequence[str], model_dir: str, metric: str,
                preemption_exit_code: int = 42, launcher: Sequence[str] = (),
                python: Optional[warm.WarmPython] = None):
     self._launcher = list(launcher)
-    self._python = None if launcher else python
+    self._python = python
     self._argv = list(argv)
     self._model_dir = model_dir
     self._metric = metric

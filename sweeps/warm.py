@@ -120,6 +120,11 @@ class Ahead:
     outlives every worker)."""
     self.trials.add(WarmPython(trial=True))
 
+  def close(self) -> None:
+    """Ends every process not given a command."""
+    self.dry_run.close()
+    self.trials.close()
+
 
 class Spares:
   """The next trial's process of each worker thread, started as the
@@ -163,7 +168,8 @@ class Spares:
 
 def start(argv: List[str]) -> Optional[Ahead]:
   """Starts the processes ahead, unless `argv` (the sweep's) asks for none
-  (`--report`, `--help`) or runs its trials under a `--launcher`."""
+  (`--report`, `--help`) or runs its trials under a `--launcher` (one set
+  another way, in a flag file, is `sweeps.cli.main`'s to catch)."""
   if any(arg.split("=", 1)[0] in _NONE_AHEAD for arg in argv[1:]):
     return None
   return Ahead()

@@ -80,9 +80,9 @@ class Sweep:
                spares: Optional[warm.Spares] = None):
     self._study = study
     self._plan = plan
-    # Trials run in processes that loaded TensorFlow ahead (`sweeps.warm`),
-    # except under a launcher, which starts its own.
-    self._spares = None if plan.launcher else spares
+    # Processes that loaded TensorFlow ahead (`sweeps.warm`); None under a
+    # launcher, which starts its own.
+    self._spares = spares
     self.stop = threading.Event()
     self.first_failure: Optional[str] = None
     self._running: Set[trial_run.TrialProcess] = set()
