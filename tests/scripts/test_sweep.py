@@ -23,6 +23,7 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 
+from sweeps import checks
 from sweeps import hparams
 from sweeps import report
 from sweeps import space as space_lib
@@ -147,6 +148,20 @@ def test_space_errors():
   assert space_lib.grid_size(grid) == 6
   assert space_lib.gin_params({"a.b": "2", "c.d": "'y'", "e.f": 0.5}) == [
       "a.b=2", "c.d='y'", "e.f=0.5"]
+
+
+def test_a_bad_binding_is_blamed_on_its_own_flag():
+  # The typo is in the second flag: the first one's values load without it.
+  space = space_lib.parse_space([
+      "optimizer.learning_rate=[0.001, 0.01]",
+      "DigitsClassification.hiden_units=[64, 128]"])
+  with pytest.raises(errors.ConfigError) as raised:
+    checks.load_trial_configs([DIGITS], [], space)
+  assert str(raised.value) == (
+      "`--space=DigitsClassification.hiden_units=[64, 128]`: "
+      "DigitsClassification.hiden_units=64: --gin_param: Configurable "
+      "'DigitsClassification' doesn't have a parameter named 'hiden_units' "
+      "(did you mean 'hidden_units'?)")
 
 
 # The study and the report.
