@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -28,6 +29,7 @@ from sweeps import hparams
 from sweeps import report
 from sweeps import space as space_lib
 from sweeps import study as study_lib
+from sweeps import trial_run
 from sweeps import warm
 from trainer import errors
 
@@ -248,6 +250,8 @@ def test_report_orders_by_metric_and_names_causes(tmp_path):
   assert said[0] == ("sweep | 4 trials: 2 COMPLETE, 1 FAIL, 1 PRUNED | "
                      "accuracy, maximize")
   assert "sweep | trial 3 PRUNED: pruned at step 20" in said
+  assert said[6] == ("sweep | PRUNED trials rank after COMPLETE ones, by "
+                     "their accuracy at the step they were pruned at")
   assert "sweep | trial 1 FAIL: boom" in said
   best = study.trials[2].params["a.b"]
   assert said[-1] == (
@@ -260,6 +264,73 @@ def test_report_orders_by_metric_and_names_causes(tmp_path):
   assert said[-2] == (f"sweep | accuracy against each binding in "
                       f"{tmp_path}/results.png")
   assert mpimg.imread(str(tmp_path / "results.png")).shape[:2] == (320, 400)
+
+
+# A stand-in for train.py: prints its progress to 200 steps, writes its
+# evaluations record at once, then waits for the sweep's SIGTERM (answering
+# as train.py does) or, with `finish`, exits 0 after a moment.
+FAKE_TRAIN = """
+import json, os, signal, sys, time
+model_dir, reached, evaluated, finish = sys.argv[1:5]
+def stop(*_):
+  print("train.py: error: preempted at step " + reached + ": checkpoint "
+        "saved; run the same command again to resume (exit code 42)",
+        flush=True)
+  os._exit(42)
+signal.signal(signal.SIGTERM, stop)
+for step in range(50, int(reached) + 1, 50):
+  print(f"train | step {step:3d}/200 | 100.0 steps/s", flush=True)
+losses = {"50": 0.4082, "100": 0.3, "150": 0.28, "200": 0.2561}
+os.makedirs(os.path.join(model_dir, "eval"))
+with open(os.path.join(model_dir, "eval", "evaluated.json.tmp"), "w") as f:
+  json.dump({"results": {step: {"loss": losses[step]} for step in
+                         evaluated.split(",")}}, f)
+os.replace(os.path.join(model_dir, "eval", "evaluated.json.tmp"),
+           os.path.join(model_dir, "eval", "evaluated.json"))
+time.sleep(1.0 if finish == "1" else 60)
+print("train | finished at step 200", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    "reached, evaluated, finish, state, value, step, cause, sweep_line", [
+        # SIGTERM in the last loop: train.py's line offers a resume.
+        ("200", "50,100,150", "0", "PRUNED", 0.4082, 200,
+         "pruned at step 50, where its loss was 0.4082",
+         "sweep | pruned at step 50, where its loss was 0.4082: the SIGTERM "
+         "was the pruner's; the trial is over."),
+        # Stopped midway: the value is still the pruned step's, not 0.3.
+        ("100", "50,100", "0", "PRUNED", 0.4082, 100,
+         "pruned at step 50, where its loss was 0.4082", None),
+        # The final evaluation already made: no SIGTERM, complete.
+        ("200", "50,100,150,200", "1", "COMPLETE", 0.2561, 200,
+         "the pruner's stop at step 50 came after its final evaluation",
+         None),
+    ])
+def test_a_pruned_trial_quotes_the_value_the_pruner_judged(
+    tmp_path, reached, evaluated, finish, state, value, step, cause,
+    sweep_line):
+  script = tmp_path / "fake_train.py"
+  script.write_text(FAKE_TRAIN)
+  model_dir = tmp_path / "trial-0"
+  process = trial_run.TrialProcess(
+      ["python", str(script), str(model_dir), reached, evaluated, finish],
+      str(model_dir), "loss", launcher=("env",))
+  judged = []
+
+  def report_fn(at, loss):
+    judged.append((at, loss))
+    return at == 50  # The pruner stops it at its first evaluation.
+
+  outcome = process.run(report_fn, threading.Event(), poll_seconds=0.05)
+  assert (outcome.state, outcome.value, outcome.step, outcome.cause) == (
+      state, value, step, cause)
+  assert judged[0] == (50, 0.4082)
+  last = (model_dir / trial_run.LOG).read_text().splitlines()[-1]
+  if sweep_line:
+    assert last == sweep_line
+  else:
+    assert not last.startswith("sweep | ")
 
 
 def test_optuna_dashboard_serves_the_sweep_journal(tmp_path):
@@ -600,7 +671,15 @@ def test_median_pruning_stops_a_bad_trial_early(tmp_path):
   assert rows["0.01"]["state"] == "COMPLETE"
   bad = rows["1e-06"]
   assert bad["state"] == "PRUNED"
-  assert bad["cause"] == "pruned at step 100"
+  # The record, the live line and the CSV quote the value pruned at.
+  judged = json.load(open(os.path.join(bad["model_dir"], "eval",
+                                       "evaluated.json")))["results"]["100"]
+  assert float(bad["accuracy"]) == judged["accuracy"]
+  assert bad["cause"] == (f"pruned at step 100, where its accuracy was "
+                          f"{judged['accuracy']:.4f}")
+  assert re.search(rf"sweep \| trial 1 PRUNED \| accuracy "
+                   rf"{judged['accuracy']:.4f} \| step \d+ \|",
+                   result.stdout), result.stdout
   assert int(bad["steps"]) < 1000
   assert helpers.latest_step(bad["model_dir"]) >= 100
 
