@@ -411,6 +411,75 @@ def test_hparams_experiment_and_sessions(tmp_path):
   assert session.hparams["model.dropout"].number_value == 0.25
 
 
+def _tensorboard_hparams(log_dir):
+  """The HParams experiment and session groups of `log_dir`, asked over
+  HTTP of a real `tensorboard` as its dashboard asks."""
+  port, = helpers.free_ports(1)
+  server = subprocess.Popen(
+      [os.path.join(os.path.dirname(sys.executable), "tensorboard"),
+       f"--logdir={log_dir}", f"--port={port}", "--host=127.0.0.1"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+  def post(path, body):
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/data/plugin/hparams/{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+      return json.load(response)
+
+  try:
+    deadline = time.time() + 120
+    while True:
+      try:
+        experiment = post("experiment", {"experimentName": ""})
+        break
+      except OSError:
+        assert server.poll() is None, server.communicate()[0][-2000:]
+        assert time.time() < deadline, "tensorboard never answered"
+        time.sleep(0.5)
+    groups = post("session_groups", {
+        "experimentName": "", "allowedStatuses": [
+            "STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE",
+            "STATUS_RUNNING"],
+        "colParams": [], "startIndex": 0, "sliceSize": 10})
+  finally:
+    server.terminate()
+    server.communicate(timeout=30)
+  return experiment, groups
+
+
+@pytest.mark.slow  # Starts TensorBoard: seconds, more under load.
+def test_tensorboard_tells_trials_apart_by_status_and_keeps_integers(
+    tmp_path):
+  space = space_lib.parse_space(["optimizer.learning_rate=[0.01, 0.001]",
+                                 "trainer.global_batch_size=[32, 64, 128]"])
+  hparams.write_experiment(str(tmp_path), space, "accuracy")
+  ends = {0: ("COMPLETE", 1000.5), 1: ("FAIL", 1001.5),
+          2: ("PRUNED", 1002.5), 3: None}  # Trial 3 still runs.
+  for number, end in ends.items():
+    model_dir = str(tmp_path / f"trial-{number}")
+    hparams.write_session(model_dir, f"trial-{number}", space, {
+        "optimizer.learning_rate": "0.01",
+        "trainer.global_batch_size": ["32", "64", "128", "64"][number]})
+    if end:
+      hparams.write_session_end(model_dir, *end)
+  experiment, groups = _tensorboard_hparams(str(tmp_path))
+  infos = {info["name"]: info for info in experiment["hparamInfos"]}
+  assert infos["trainer.global_batch_size"]["type"] == "DATA_TYPE_STRING"
+  assert infos["trainer.global_batch_size"]["domainDiscrete"] == [
+      "32", "64", "128"]
+  assert infos["optimizer.learning_rate"]["type"] == "DATA_TYPE_FLOAT64"
+  sessions = {session["name"]: (session["status"], session["endTimeSecs"],
+                                group["hparams"]["trainer.global_batch_size"])
+              for group in groups["sessionGroups"]
+              for session in group["sessions"]}
+  assert sessions == {"trial-0": ("STATUS_SUCCESS", 1000.5, "32"),
+                      "trial-1": ("STATUS_FAILURE", 1001.5, "64"),
+                      "trial-2": ("STATUS_UNKNOWN", 1002.5, "128"),
+                      "trial-3": ("STATUS_UNKNOWN", 0.0, "64")}
+
+
 # Bad input: one line, exit 2, nothing written.
 
 
@@ -507,7 +576,9 @@ def test_grid_completes_best_from_event_files_and_hparams(tmp_path):
   for row in rows:
     session = read_session(row["model_dir"])
     assert session.group_name == f"trial-{row['trial']}"
-    assert session.hparams["trainer.global_batch_size"].number_value == int(
+    # A choice of integers is text, so the dashboard shows `32`, not
+    # `32.000`.
+    assert session.hparams["trainer.global_batch_size"].string_value == (
         row["trainer.global_batch_size"])
   # `--report` alone, and a rerun that finds nothing left to do.
   alone = run_sweep([f"--sweep_dir={sweep_dir}", "--report"])
