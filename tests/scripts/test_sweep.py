@@ -19,6 +19,7 @@ import time
 import urllib.request
 
 from matplotlib import image as mpimg
+from matplotlib import pyplot as matplotlib_pyplot
 import optuna
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
@@ -26,6 +27,7 @@ from tensorboard.plugins.hparams import metadata as hparams_metadata
 
 from sweeps import checks
 from sweeps import hparams
+from sweeps import plot
 from sweeps import report
 from sweeps import space as space_lib
 from sweeps import study as study_lib
@@ -331,6 +333,75 @@ def test_a_pruned_trial_quotes_the_value_the_pruner_judged(
     assert last == sweep_line
   else:
     assert not last.startswith("sweep | ")
+
+
+def _shown_labels(axis):
+  """The x tick labels with text, major and minor, whose ticks are in view
+  (after a draw)."""
+  low, high = axis.get_xlim()
+  return [label for label in (axis.xaxis.get_majorticklabels() +
+                              axis.xaxis.get_minorticklabels())
+          if label.get_text() and low <= label.get_position()[0] <= high]
+
+
+def assert_apart(labels):
+  """No two of the drawn `labels` touch."""
+  boxes = [label.get_window_extent() for label in labels]
+  assert not any(a.overlaps(b) for i, a in enumerate(boxes)
+                 for b in boxes[i + 1:])
+
+
+def test_results_png_has_category_axes_readable_ticks_and_the_best_marked():
+  # The TPE sweep of the report: its rates fell within one decade, where
+  # matplotlib labels the minor ticks, over each other.
+  space = space_lib.parse_space(
+      ["optimizer.learning_rate=loguniform(1e-4, 3e-2)",
+       "trainer.global_batch_size=[64, 32]"])
+  found = [{"trial": number, "state": "COMPLETE", "accuracy": accuracy,
+            "optimizer.learning_rate": rate,
+            "trainer.global_batch_size": batch}
+           for number, accuracy, rate, batch in [
+               (3, 0.96, 6.1e-4, 64), (0, 0.93, 4.2e-4, 32),
+               (1, 0.9, 3.3e-4, 64), (2, 0.81, 2.2e-4, 32)]]
+  drawn = plot.figure(found, space, "accuracy")
+  drawn.canvas.draw()
+  rate, batch = drawn.axes
+  # The batch size is a choice: one tick per value, in order, no 30-65.
+  assert [label.get_text() for label in _shown_labels(batch)] == ["32", "64"]
+  assert batch.get_xlim() == (-0.5, 1.5)
+  assert [list(points) for points in batch.collections[0].get_offsets()] == [
+      [0.0, 0.93], [1.0, 0.9], [0.0, 0.81]]
+  # The rate spans its range; only the powers of ten are labelled, apart.
+  assert rate.get_xscale() == "log"
+  low, high = rate.get_xlim()
+  assert low < 1e-4 and 3e-2 < high < 4e-2
+  shown = _shown_labels(rate)
+  assert [label.get_text() for label in shown] == [
+      r"$\mathdefault{10^{-4}}$", r"$\mathdefault{10^{-3}}$",
+      r"$\mathdefault{10^{-2}}$"]
+  assert_apart(shown)
+  # The best trial: its own marker, named in the legend.
+  best = batch.collections[1]
+  assert best.get_offsets().tolist() == [[1.0, 0.96]]
+  assert rate.collections[1].get_offsets().tolist() == [[6.1e-4, 0.96]]
+  assert best.get_paths()[0] != batch.collections[0].get_paths()[0]
+  assert [text.get_text() for text in rate.get_legend().get_texts()] == [
+      "other completed trials", "best: trial 3"]
+  matplotlib_pyplot.close(drawn)
+
+
+def test_a_short_loguniform_range_still_has_readable_labels():
+  space = space_lib.parse_space(["optimizer.learning_rate=loguniform(1e-3, "
+                                 "5e-3)"])
+  drawn = plot.figure([{"trial": 0, "state": "COMPLETE", "accuracy": 0.9,
+                        "optimizer.learning_rate": 2e-3}], space, "accuracy")
+  drawn.canvas.draw()
+  shown = _shown_labels(drawn.axes[0])
+  assert [label.get_text() for label in shown] == [
+      r"$\mathdefault{10^{-3}}$", r"$\mathdefault{2\times10^{-3}}$",
+      r"$\mathdefault{5\times10^{-3}}$"]
+  assert_apart(shown)
+  matplotlib_pyplot.close(drawn)
 
 
 def test_optuna_dashboard_serves_the_sweep_journal(tmp_path):
