@@ -42,9 +42,10 @@ def _one_type(dimension: space_lib.Dimension) -> bool:
 
 def _integers(dimension: space_lib.Dimension) -> bool:
   """Whether a choice lists whole numbers only (`[32, 64]`)."""
+  values = [space_lib.plain_value(choice) for choice in dimension.choices]
   return dimension.kind == "choice" and all(
-      type(space_lib.plain_value(choice)) is int  # pylint: disable=unidiomatic-typecheck
-      for choice in dimension.choices)
+      isinstance(value, int) and not isinstance(value, bool)
+      for value in values)
 
 
 def _value(dimension: space_lib.Dimension, value: Any) -> Any:
