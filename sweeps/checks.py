@@ -60,9 +60,13 @@ def load_trial_configs(gin_files: Sequence[str], gin_params: Sequence[str],
       refused; the line names the value.
   """
   config = _load(gin_files, gin_params)
+  # Each value is bound beside the first values of the dimensions checked
+  # before it only: a later dimension's bad binding would otherwise fail
+  # the first dimension's check, and its line would blame the wrong flag.
+  checked = {}
   for dimension in space:
     for value in dimension.edge_values():
-      point = space_lib.first_point(space)
+      point = dict(checked)
       point[dimension.binding] = value
       try:
         _load(gin_files, list(gin_params) + space_lib.gin_params(point))
@@ -70,6 +74,7 @@ def load_trial_configs(gin_files: Sequence[str], gin_params: Sequence[str],
         raise errors.ConfigError(
             f"`--space={dimension.spec}`: {dimension.binding}="
             f"{space_lib.gin_text(value)}: {e}") from e
+    checked[dimension.binding] = dimension.edge_values()[0]
   return config
 
 

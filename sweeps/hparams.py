@@ -9,15 +9,28 @@ writer: the sweep process needs no TensorFlow graph for it.
 """
 
 import time
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from tensorboard.compat.proto import event_pb2
+from tensorboard.compat.proto import summary_pb2
 from tensorboard.plugins.hparams import api as hp
+from tensorboard.plugins.hparams import api_pb2
+from tensorboard.plugins.hparams import metadata
+from tensorboard.plugins.hparams import plugin_data_pb2
 from tensorboard.summary.writer import event_file_writer
 
 from sweeps import space as space_lib
 
 EVAL_GROUP = "eval"
+
+# A finished trial's Optuna state as the dashboard's status. TensorBoard
+# has no "pruned": a pruned trial is Unknown with its end time, so that
+# Success alone shows the completed trials and Failure the failed ones.
+# A trial with no end (running, or stopped to be resumed) is Unknown too,
+# with end time 0.
+STATUSES = {"COMPLETE": api_pb2.STATUS_SUCCESS,
+            "FAIL": api_pb2.STATUS_FAILURE,
+            "PRUNED": api_pb2.STATUS_UNKNOWN}
 
 
 def _one_type(dimension: space_lib.Dimension) -> bool:
@@ -27,10 +40,32 @@ def _one_type(dimension: space_lib.Dimension) -> bool:
               for choice in dimension.choices}) == 1
 
 
+def _integers(dimension: space_lib.Dimension) -> bool:
+  """Whether a choice lists whole numbers only (`[32, 64]`)."""
+  values = [space_lib.plain_value(choice) for choice in dimension.choices]
+  return dimension.kind == "choice" and all(
+      isinstance(value, int) and not isinstance(value, bool)
+      for value in values)
+
+
 def _value(dimension: space_lib.Dimension, value: Any) -> Any:
   if dimension.kind == "choice" and not _one_type(dimension):
     return value
+  if _integers(dimension):
+    # TensorBoard has one number type, a float the dashboard prints as
+    # `32.000`: a choice of integers is written as its gin text, which it
+    # shows as listed, one category each.
+    return str(space_lib.plain_value(value))
   return space_lib.plain_value(value)
+
+
+class _Listed(hp.Discrete):
+  """A discrete domain in the order of its `--space` list (`Discrete` sorts
+  its values: as text, `128` would come before `32`)."""
+
+  def __init__(self, values):
+    super().__init__(values)
+    self._values = list(values)
 
 
 def _domain(dimension: space_lib.Dimension) -> hp.Domain:
@@ -38,8 +73,8 @@ def _domain(dimension: space_lib.Dimension) -> hp.Domain:
     return hp.IntInterval(int(dimension.low), int(dimension.high))
   if dimension.kind != "choice":
     return hp.RealInterval(dimension.low, dimension.high)
-  return hp.Discrete([_value(dimension, choice)
-                      for choice in dimension.choices])
+  values = [_value(dimension, choice) for choice in dimension.choices]
+  return _Listed(values) if _integers(dimension) else hp.Discrete(values)
 
 
 def _write(log_dir: str, summary) -> None:
@@ -67,3 +102,19 @@ def write_session(model_dir: str, trial_name: str,
   values = {dimension.binding: _value(dimension, params[dimension.binding])
             for dimension in space}
   _write(model_dir, hp.hparams_pb(values, trial_id=trial_name))
+
+
+def write_session_end(model_dir: str, state: str,
+                      end_time_secs: Optional[float] = None) -> None:
+  """Writes a finished trial's session end: its status (`STATUSES` of its
+  Optuna state's name) and end time, now unless given. TensorBoard reads
+  the first one of a session only: write it once, when the trial ends."""
+  info = plugin_data_pb2.SessionEndInfo(
+      status=STATUSES[state],
+      end_time_secs=time.time() if end_time_secs is None else end_time_secs)
+  summary = summary_pb2.Summary()
+  summary.value.add(
+      tag=metadata.SESSION_END_INFO_TAG, tensor=metadata.NULL_TENSOR,
+      metadata=metadata.create_summary_metadata(
+          plugin_data_pb2.HParamsPluginData(session_end_info=info)))
+  _write(model_dir, summary)

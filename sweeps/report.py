@@ -141,6 +141,11 @@ def lines(trials: Sequence[optuna.trial.FrozenTrial],
           ", ".join(f"{count} {state}" for state, count in
                     sorted(counts.items())) + f" | {metric}, {direction}"]
   said += table(found, metric)
+  if counts["PRUNED"]:
+    # A pruned trial's metric is from the step it was pruned at, earlier in
+    # training than a completed trial's: the two do not compare.
+    said.append(f"sweep | PRUNED trials rank after COMPLETE ones, by their "
+                f"{metric} at the step they were pruned at")
   said += [f"sweep | trial {row['trial']} {row['state']}: {row['cause']}"
            for row in found if row["cause"]]
   said.append(f"sweep | results in {write_csv(sweep_dir, found)}")

@@ -80,6 +80,8 @@ def evaluations(model_dir: str, metric: str) -> Dict[int, float]:
 
 
 _STEP = re.compile(r"\bstep (\d+)")
+# train.py's progress line, `train | step  150/200 | ...`: the run's total.
+_TOTAL = re.compile(r"^train \| step +\d+/(\d+) \|")
 
 
 def _tail(log_path: str, offset: int) -> List[str]:
@@ -103,6 +105,22 @@ def _last_step(lines: Sequence[str]) -> int:
     if found:
       return int(found.group(1))
   return 0
+
+
+def _total_steps(log_path: str, offset: int) -> Optional[int]:
+  """The run's `train_steps`, from its progress lines; None before one."""
+  for line in reversed(_tail(log_path, offset)):
+    found = _TOTAL.match(line)
+    if found:
+      return int(found.group(1))
+  return None
+
+
+def _evaluated_last_step(model_dir: str, metric: str,
+                         total: Optional[int]) -> bool:
+  """Whether the run has evaluated its last step (`total`)."""
+  found = evaluations(model_dir, metric)
+  return total is not None and bool(found) and max(found) >= total
 
 
 def _exited(process: subprocess.Popen, seconds: float) -> bool:
@@ -179,6 +197,11 @@ class TrialProcess:
     self._process = process
     reported = set()
     pruned = stopped = False
+    # The step of a pruner's stop that came after the run's final
+    # evaluation (the pruner reads the evaluations as the sweep polls: a
+    # short run may end in between): such a run is let finish, not told to
+    # save and resume.
+    late = None
     while not _exited(process, poll_seconds):
       if stop.is_set():
         stopped = True
@@ -189,26 +212,62 @@ class TrialProcess:
           evaluations(self._model_dir, self._metric).items()):
         if step not in reported:
           reported.add(step)
-          if report(step, value) and process.poll() is None:
-            pruned = True
-            process.send_signal(signal.SIGTERM)
-            break
+          if not report(step, value) or late is not None:
+            continue
+          if (process.poll() is not None or _evaluated_last_step(
+              self._model_dir, self._metric,
+              _total_steps(log_path, offset))):
+            late = step
+            continue
+          pruned = True
+          process.send_signal(signal.SIGTERM)
+          break
       if pruned:
         break
-    return self._outcome(process.wait(), time.monotonic() - start,
-                         _tail(log_path, offset), reported, pruned, stopped)
+    returncode = process.wait()
+    total = _total_steps(log_path, offset)
+    finished = _evaluated_last_step(self._model_dir, self._metric, total)
+    if pruned and finished:
+      # The SIGTERM landed after the final evaluation: nothing was spared.
+      pruned, late = False, max(reported)
+    if not (returncode == 0 or
+            finished and returncode == self._preemption_exit_code):
+      late = None
+    outcome = self._outcome(returncode, time.monotonic() - start,
+                            _tail(log_path, offset), reported, pruned,
+                            stopped, late)
+    if outcome.state == PRUNED and total == outcome.step:
+      # The SIGTERM came in the run's last loop: train.py's line above
+      # offers a resume, which only the final evaluation would be.
+      with open(log_path, "a") as log:
+        log.write(f"sweep | {outcome.cause}: the SIGTERM was the "
+                  "pruner's; the trial is over.\n")
+    return outcome
 
   def _outcome(self, returncode: int, seconds: float, lines: List[str],
-               reported: Set[int], pruned: bool, stopped: bool) -> Outcome:
+               reported: Set[int], pruned: bool, stopped: bool,
+               late: Optional[int] = None) -> Outcome:
     """The outcome of a process that exited with `returncode`, its log's
-    new `lines` and the evaluations `reported` to the pruner."""
+    new `lines` and the evaluations `reported` to the pruner; `late`: the
+    step of a pruner's stop that came after the final evaluation."""
     step = _last_step(lines)
     found = evaluations(self._model_dir, self._metric)
     last = found[max(found)] if found else None
     if pruned:
-      return Outcome(PRUNED, last, step, seconds,
-                     f"pruned at step {max(reported)}")
-    if stopped or returncode == self._preemption_exit_code:
+      # The value the pruner judged, not a later evaluation the run made
+      # before the SIGTERM landed: the live line, the table and the CSV
+      # (Optuna's last intermediate value) quote the same number.
+      at = max(reported)
+      value = found.get(at)
+      shown = "-" if value is None else f"{value:.4f}"
+      return Outcome(PRUNED, value, step, seconds,
+                     f"pruned at step {at}, where its {self._metric} was "
+                     f"{shown}")
+    if late is not None:
+      # Finished, or stopped by the pruner's SIGTERM after its final
+      # evaluation (`run`): complete, whatever the pruner said.
+      returncode = 0
+    elif stopped or returncode == self._preemption_exit_code:
       # Preempted (the sweep stopped, or a scheduler signalled the job):
       # checkpoint saved, to be resumed.
       return Outcome(STOPPED, last, step, seconds)
@@ -221,7 +280,10 @@ class TrialProcess:
     if last != last:  # NaN
       return Outcome(FAIL, None, step, seconds,
                      f"`{self._metric}` is nan at step {max(found)}")
-    return Outcome(COMPLETE, last, max(step, max(found)), seconds)
+    return Outcome(COMPLETE, last, max(step, max(found)), seconds,
+                   "" if late is None else
+                   f"the pruner's stop at step {late} came after its final "
+                   "evaluation")
 
   def _launch_argv(self) -> List[str]:
     argv = launch(self._launcher, self._argv)

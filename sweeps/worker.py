@@ -198,6 +198,7 @@ class Sweep:
       console.info(line + " | checkpoint saved; rerun to resume it")
       return
     console.info(line + (f" | {outcome.cause}" if outcome.cause else ""))
+    hparams.write_session_end(model_dir, outcome.state)
     if outcome.state == trial_run.COMPLETE:
       self._study.tell(trial, outcome.value)
     else:

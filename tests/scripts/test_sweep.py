@@ -14,19 +14,24 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
 from matplotlib import image as mpimg
+from matplotlib import pyplot as matplotlib_pyplot
 import optuna
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 
+from sweeps import checks
 from sweeps import hparams
+from sweeps import plot
 from sweeps import report
 from sweeps import space as space_lib
 from sweeps import study as study_lib
+from sweeps import trial_run
 from sweeps import warm
 from trainer import errors
 
@@ -149,6 +154,20 @@ def test_space_errors():
       "a.b=2", "c.d='y'", "e.f=0.5"]
 
 
+def test_a_bad_binding_is_blamed_on_its_own_flag():
+  # The typo is in the second flag: the first one's values load without it.
+  space = space_lib.parse_space([
+      "optimizer.learning_rate=[0.001, 0.01]",
+      "DigitsClassification.hiden_units=[64, 128]"])
+  with pytest.raises(errors.ConfigError) as raised:
+    checks.load_trial_configs([DIGITS], [], space)
+  assert str(raised.value) == (
+      "`--space=DigitsClassification.hiden_units=[64, 128]`: "
+      "DigitsClassification.hiden_units=64: --gin_param: Configurable "
+      "'DigitsClassification' doesn't have a parameter named 'hiden_units' "
+      "(did you mean 'hidden_units'?)")
+
+
 # The study and the report.
 
 
@@ -233,6 +252,8 @@ def test_report_orders_by_metric_and_names_causes(tmp_path):
   assert said[0] == ("sweep | 4 trials: 2 COMPLETE, 1 FAIL, 1 PRUNED | "
                      "accuracy, maximize")
   assert "sweep | trial 3 PRUNED: pruned at step 20" in said
+  assert said[6] == ("sweep | PRUNED trials rank after COMPLETE ones, by "
+                     "their accuracy at the step they were pruned at")
   assert "sweep | trial 1 FAIL: boom" in said
   best = study.trials[2].params["a.b"]
   assert said[-1] == (
@@ -245,6 +266,142 @@ def test_report_orders_by_metric_and_names_causes(tmp_path):
   assert said[-2] == (f"sweep | accuracy against each binding in "
                       f"{tmp_path}/results.png")
   assert mpimg.imread(str(tmp_path / "results.png")).shape[:2] == (320, 400)
+
+
+# A stand-in for train.py: prints its progress to 200 steps, writes its
+# evaluations record at once, then waits for the sweep's SIGTERM (answering
+# as train.py does) or, with `finish`, exits 0 after a moment.
+FAKE_TRAIN = """
+import json, os, signal, sys, time
+model_dir, reached, evaluated, finish = sys.argv[1:5]
+def stop(*_):
+  print("train.py: error: preempted at step " + reached + ": checkpoint "
+        "saved; run the same command again to resume (exit code 42)",
+        flush=True)
+  os._exit(42)
+signal.signal(signal.SIGTERM, stop)
+for step in range(50, int(reached) + 1, 50):
+  print(f"train | step {step:3d}/200 | 100.0 steps/s", flush=True)
+losses = {"50": 0.4082, "100": 0.3, "150": 0.28, "200": 0.2561}
+os.makedirs(os.path.join(model_dir, "eval"))
+with open(os.path.join(model_dir, "eval", "evaluated.json.tmp"), "w") as f:
+  json.dump({"results": {step: {"loss": losses[step]} for step in
+                         evaluated.split(",")}}, f)
+os.replace(os.path.join(model_dir, "eval", "evaluated.json.tmp"),
+           os.path.join(model_dir, "eval", "evaluated.json"))
+time.sleep(1.0 if finish == "1" else 60)
+print("train | finished at step 200", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    "reached, evaluated, finish, state, value, step, cause, sweep_line", [
+        # SIGTERM in the last loop: train.py's line offers a resume.
+        ("200", "50,100,150", "0", "PRUNED", 0.4082, 200,
+         "pruned at step 50, where its loss was 0.4082",
+         "sweep | pruned at step 50, where its loss was 0.4082: the SIGTERM "
+         "was the pruner's; the trial is over."),
+        # Stopped midway: the value is still the pruned step's, not 0.3.
+        ("100", "50,100", "0", "PRUNED", 0.4082, 100,
+         "pruned at step 50, where its loss was 0.4082", None),
+        # The final evaluation already made: no SIGTERM, complete.
+        ("200", "50,100,150,200", "1", "COMPLETE", 0.2561, 200,
+         "the pruner's stop at step 50 came after its final evaluation",
+         None),
+    ])
+def test_a_pruned_trial_quotes_the_value_the_pruner_judged(
+    tmp_path, reached, evaluated, finish, state, value, step, cause,
+    sweep_line):
+  script = tmp_path / "fake_train.py"
+  script.write_text(FAKE_TRAIN)
+  model_dir = tmp_path / "trial-0"
+  process = trial_run.TrialProcess(
+      ["python", str(script), str(model_dir), reached, evaluated, finish],
+      str(model_dir), "loss", launcher=("env",))
+  judged = []
+
+  def report_fn(at, loss):
+    judged.append((at, loss))
+    return at == 50  # The pruner stops it at its first evaluation.
+
+  outcome = process.run(report_fn, threading.Event(), poll_seconds=0.05)
+  assert (outcome.state, outcome.value, outcome.step, outcome.cause) == (
+      state, value, step, cause)
+  assert judged[0] == (50, 0.4082)
+  last = (model_dir / trial_run.LOG).read_text().splitlines()[-1]
+  if sweep_line:
+    assert last == sweep_line
+  else:
+    assert not last.startswith("sweep | ")
+
+
+def _shown_labels(axis):
+  """The x tick labels with text, major and minor, whose ticks are in view
+  (after a draw)."""
+  low, high = axis.get_xlim()
+  return [label for label in (axis.xaxis.get_majorticklabels() +
+                              axis.xaxis.get_minorticklabels())
+          if label.get_text() and low <= label.get_position()[0] <= high]
+
+
+def assert_apart(labels):
+  """No two of the drawn `labels` touch."""
+  boxes = [label.get_window_extent() for label in labels]
+  assert not any(a.overlaps(b) for i, a in enumerate(boxes)
+                 for b in boxes[i + 1:])
+
+
+def test_results_png_has_category_axes_readable_ticks_and_the_best_marked():
+  # The TPE sweep of the report: its rates fell within one decade, where
+  # matplotlib labels the minor ticks, over each other.
+  space = space_lib.parse_space(
+      ["optimizer.learning_rate=loguniform(1e-4, 3e-2)",
+       "trainer.global_batch_size=[64, 32]"])
+  found = [{"trial": number, "state": "COMPLETE", "accuracy": accuracy,
+            "optimizer.learning_rate": rate,
+            "trainer.global_batch_size": batch}
+           for number, accuracy, rate, batch in [
+               (3, 0.96, 6.1e-4, 64), (0, 0.93, 4.2e-4, 32),
+               (1, 0.9, 3.3e-4, 64), (2, 0.81, 2.2e-4, 32)]]
+  drawn = plot.figure(found, space, "accuracy")
+  drawn.canvas.draw()
+  rate, batch = drawn.axes
+  # The batch size is a choice: one tick per value, in order, no 30-65.
+  assert [label.get_text() for label in _shown_labels(batch)] == ["32", "64"]
+  assert batch.get_xlim() == (-0.5, 1.5)
+  assert [list(points) for points in batch.collections[0].get_offsets()] == [
+      [0.0, 0.93], [1.0, 0.9], [0.0, 0.81]]
+  # The rate spans its range; only the powers of ten are labelled, apart.
+  assert rate.get_xscale() == "log"
+  low, high = rate.get_xlim()
+  assert low < 1e-4 and 3e-2 < high < 4e-2
+  shown = _shown_labels(rate)
+  assert [label.get_text() for label in shown] == [
+      r"$\mathdefault{10^{-4}}$", r"$\mathdefault{10^{-3}}$",
+      r"$\mathdefault{10^{-2}}$"]
+  assert_apart(shown)
+  # The best trial: its own marker, named in the legend.
+  best = batch.collections[1]
+  assert best.get_offsets().tolist() == [[1.0, 0.96]]
+  assert rate.collections[1].get_offsets().tolist() == [[6.1e-4, 0.96]]
+  assert best.get_paths()[0] != batch.collections[0].get_paths()[0]
+  assert [text.get_text() for text in rate.get_legend().get_texts()] == [
+      "other completed trials", "best: trial 3"]
+  matplotlib_pyplot.close(drawn)
+
+
+def test_a_short_loguniform_range_still_has_readable_labels():
+  space = space_lib.parse_space(["optimizer.learning_rate=loguniform(1e-3, "
+                                 "5e-3)"])
+  drawn = plot.figure([{"trial": 0, "state": "COMPLETE", "accuracy": 0.9,
+                        "optimizer.learning_rate": 2e-3}], space, "accuracy")
+  drawn.canvas.draw()
+  shown = _shown_labels(drawn.axes[0])
+  assert [label.get_text() for label in shown] == [
+      r"$\mathdefault{10^{-3}}$", r"$\mathdefault{2\times10^{-3}}$",
+      r"$\mathdefault{5\times10^{-3}}$"]
+  assert_apart(shown)
+  matplotlib_pyplot.close(drawn)
 
 
 def test_optuna_dashboard_serves_the_sweep_journal(tmp_path):
@@ -323,6 +480,75 @@ def test_hparams_experiment_and_sessions(tmp_path):
   assert session.group_name == "trial-0"
   assert session.hparams["optimizer.learning_rate"].number_value == 0.01
   assert session.hparams["model.dropout"].number_value == 0.25
+
+
+def _tensorboard_hparams(log_dir):
+  """The HParams experiment and session groups of `log_dir`, asked over
+  HTTP of a real `tensorboard` as its dashboard asks."""
+  port, = helpers.free_ports(1)
+  server = subprocess.Popen(
+      [os.path.join(os.path.dirname(sys.executable), "tensorboard"),
+       f"--logdir={log_dir}", f"--port={port}", "--host=127.0.0.1"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+  def post(path, body):
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/data/plugin/hparams/{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+      return json.load(response)
+
+  try:
+    deadline = time.time() + 120
+    while True:
+      try:
+        experiment = post("experiment", {"experimentName": ""})
+        break
+      except OSError:
+        assert server.poll() is None, server.communicate()[0][-2000:]
+        assert time.time() < deadline, "tensorboard never answered"
+        time.sleep(0.5)
+    groups = post("session_groups", {
+        "experimentName": "", "allowedStatuses": [
+            "STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE",
+            "STATUS_RUNNING"],
+        "colParams": [], "startIndex": 0, "sliceSize": 10})
+  finally:
+    server.terminate()
+    server.communicate(timeout=30)
+  return experiment, groups
+
+
+@pytest.mark.slow  # Starts TensorBoard: seconds, more under load.
+def test_tensorboard_tells_trials_apart_by_status_and_keeps_integers(
+    tmp_path):
+  space = space_lib.parse_space(["optimizer.learning_rate=[0.01, 0.001]",
+                                 "trainer.global_batch_size=[32, 64, 128]"])
+  hparams.write_experiment(str(tmp_path), space, "accuracy")
+  ends = {0: ("COMPLETE", 1000.5), 1: ("FAIL", 1001.5),
+          2: ("PRUNED", 1002.5), 3: None}  # Trial 3 still runs.
+  for number, end in ends.items():
+    model_dir = str(tmp_path / f"trial-{number}")
+    hparams.write_session(model_dir, f"trial-{number}", space, {
+        "optimizer.learning_rate": "0.01",
+        "trainer.global_batch_size": ["32", "64", "128", "64"][number]})
+    if end:
+      hparams.write_session_end(model_dir, *end)
+  experiment, groups = _tensorboard_hparams(str(tmp_path))
+  infos = {info["name"]: info for info in experiment["hparamInfos"]}
+  assert infos["trainer.global_batch_size"]["type"] == "DATA_TYPE_STRING"
+  assert infos["trainer.global_batch_size"]["domainDiscrete"] == [
+      "32", "64", "128"]
+  assert infos["optimizer.learning_rate"]["type"] == "DATA_TYPE_FLOAT64"
+  sessions = {session["name"]: (session["status"], session["endTimeSecs"],
+                                group["hparams"]["trainer.global_batch_size"])
+              for group in groups["sessionGroups"]
+              for session in group["sessions"]}
+  assert sessions == {"trial-0": ("STATUS_SUCCESS", 1000.5, "32"),
+                      "trial-1": ("STATUS_FAILURE", 1001.5, "64"),
+                      "trial-2": ("STATUS_UNKNOWN", 1002.5, "128"),
+                      "trial-3": ("STATUS_UNKNOWN", 0.0, "64")}
 
 
 # Bad input: one line, exit 2, nothing written.
@@ -421,7 +647,9 @@ def test_grid_completes_best_from_event_files_and_hparams(tmp_path):
   for row in rows:
     session = read_session(row["model_dir"])
     assert session.group_name == f"trial-{row['trial']}"
-    assert session.hparams["trainer.global_batch_size"].number_value == int(
+    # A choice of integers is text, so the dashboard shows `32`, not
+    # `32.000`.
+    assert session.hparams["trainer.global_batch_size"].string_value == (
         row["trainer.global_batch_size"])
   # `--report` alone, and a rerun that finds nothing left to do.
   alone = run_sweep([f"--sweep_dir={sweep_dir}", "--report"])
@@ -585,7 +813,15 @@ def test_median_pruning_stops_a_bad_trial_early(tmp_path):
   assert rows["0.01"]["state"] == "COMPLETE"
   bad = rows["1e-06"]
   assert bad["state"] == "PRUNED"
-  assert bad["cause"] == "pruned at step 100"
+  # The record, the live line and the CSV quote the value pruned at.
+  judged = json.load(open(os.path.join(bad["model_dir"], "eval",
+                                       "evaluated.json")))["results"]["100"]
+  assert float(bad["accuracy"]) == judged["accuracy"]
+  assert bad["cause"] == (f"pruned at step 100, where its accuracy was "
+                          f"{judged['accuracy']:.4f}")
+  assert re.search(rf"sweep \| trial 1 PRUNED \| accuracy "
+                   rf"{judged['accuracy']:.4f} \| step \d+ \|",
+                   result.stdout), result.stdout
   assert int(bad["steps"]) < 1000
   assert helpers.latest_step(bad["model_dir"]) >= 100
 
