@@ -16,7 +16,9 @@ Task's `train_step` override included), it checks that:
                 the other half end where the uninterrupted steps did.
 
 Every run uses plain SGD (`--learning_rate`) in float32, whatever the task's
-optimizer and precision: Adam would hide a wrong loss scale. A failed check
+optimizer and precision: Adam would hide a wrong loss scale. A pipelined
+model (`pipeline.*`) is checked whole: a pipeline cannot run on replicas,
+and the pipeline itself is not checked (a `SKIP pipeline` line says so). A failed check
 names the likely cause: the loss averaged over the per-replica batch,
 `BatchNormalization` without `synchronized=True`, stateful random ops in the
 step, or input that differs between builds.
@@ -52,6 +54,7 @@ from trainer import console
 from trainer import errors
 from trainer import state as state_lib
 from trainer.data import inputs as inputs_lib
+from trainer.distribute import pipeline
 from trainer.loop import runners
 from trainer.model import named
 from trainer.model import task as task_lib
@@ -243,8 +246,11 @@ def check_hooks(task: task_lib.Task, strategy: tf.distribute.Strategy,
   batch = next(iter(eval_input.dataset))
   hook = ("validation_step" if task_lib.overrides(task, "validation_step")
           else "build_losses")
+  # The eval metrics, as the evaluator passes them: a step may update them.
+  with strategy.scope():
+    metrics = call_hook("build_metrics", task.build_metrics, training=False)
   try:
-    logs = call_hook(hook, task.validation_step, batch, model, [])
+    logs = call_hook(hook, task.validation_step, batch, model, metrics)
   except NotImplementedError:
     report(None, hook, "not defined")
     return
@@ -295,6 +301,19 @@ def check(task: task_lib.Task, runtime: trainer.RuntimeConfig,
         f"rate {FLAGS.learning_rate:g}), global batch "
         f"{config.global_batch_size}, 1 device vs {num_replicas} replicas",
         flush=True)
+  if config.pipeline.enabled:
+    # A pipeline runs one copy of the model over its stages' devices: it
+    # cannot run on replicas, so the checks run the model whole instead.
+    cut = ("cut at `pipeline.boundaries`" if config.pipeline.boundaries
+           else "cut into `pipeline.task_stages`")
+    report(None, "pipeline", "not checked; every check below runs the model "
+           f"whole, not {cut} (a pipeline cannot run on replicas)")
+    # Every field given: `pipeline.PipelineConfig()` would take the
+    # pipeline's gin bindings again.
+    unpipelined = dataclasses.replace(config.pipeline, **{
+        field.name: field.default
+        for field in dataclasses.fields(pipeline.PipelineConfig)})
+    config = dataclasses.replace(config, pipeline=unpipelined)
   try:
     check_hooks(task, single.strategy, config, runtime)
   except HookFailed as e:

@@ -93,6 +93,18 @@ def test_held_lines_are_printed_when_the_block_fails(capsys):
       "optimizer | generator: Adam", "placement | a", "run | header"]
 
 
+def test_waiting_lines_are_never_held(capsys):
+  with console.held() as release:
+    console.info("optimizer | Adam")
+    console.waiting("cluster | waiting for ps 0 at 10.0.0.4:2222 to answer")
+    # Printed before the release; the held line still waits for it.
+    assert capsys.readouterr().out == (
+        "cluster | waiting for ps 0 at 10.0.0.4:2222 to answer\n")
+    release(["run | header"])
+  assert capsys.readouterr().out.splitlines() == [
+      "run | header", "optimizer | Adam"]
+
+
 @pytest.mark.parametrize("stream", ["file", "terminal"])
 def test_log_keeps_the_line_in_the_log_and_prints_nothing(
     capsys, caplog, absl_stream, stream):

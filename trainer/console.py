@@ -60,6 +60,21 @@ def info(message: str) -> None:
   if _held is not None:
     _held.append(message)
     return
+  _print(message)
+
+
+def waiting(message: str) -> None:
+  """Prints `message` and logs it at INFO now, even inside `held`.
+
+  For the lines that say the process waits (for a cluster's tasks, say)
+  and when the wait ends: held with the build's other lines, they would
+  show only once the wait is over, after minutes of silence, or never if
+  a signal ends the process during it.
+  """
+  _print(message)
+
+
+def _print(message: str) -> None:
   if not _log_reaches_terminal():
     logging.info(message)
   print(message, flush=True)
@@ -73,7 +88,7 @@ def held() -> Iterator[Callable[[Sequence[str]], None]]:
 
   For what is said while a run is built (the optimizers, the checkpoint
   restored), which belongs after the run's header, known only once built.
-  Warnings and errors are never held.
+  Warnings, errors and `waiting`'s lines are never held.
   """
   global _held
   if _held is not None:  # Within another held block, which releases.

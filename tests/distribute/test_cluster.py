@@ -10,6 +10,7 @@ import socket
 
 import pytest
 
+from trainer import console
 from trainer import errors
 from trainer import runtime as runtime_lib
 from trainer.distribute import cluster
@@ -335,6 +336,31 @@ def test_tasks_that_answer_late_end_the_wait_with_a_line(capsys):
   cluster.wait_for_tasks(tasks, 1, probe_fn=lambda address: None,
                          clock=clock, sleep=clock.sleep)
   assert capsys.readouterr().out == ""
+
+
+def test_the_wait_is_said_while_the_build_holds_its_lines(capsys):
+  # The chief waits inside `console.held()` (experiment builds the strategy
+  # there): each line must show while it waits, not with the final error.
+  clock = _Clock()
+  seen = []
+
+  def sleep(seconds):
+    seen.append(capsys.readouterr().out)
+    clock.sleep(seconds)
+
+  probe = lambda address: "Connection refused" if clock.now < 104 else None
+  with console.held():
+    console.info("optimizer | Adam")
+    cluster.wait_for_tasks({"ps 0": "10.0.0.4:2222"}, 300, probe_fn=probe,
+                           clock=clock, sleep=sleep)
+    assert "".join(seen) + capsys.readouterr().out == (
+        "cluster | waiting for ps 0 at 10.0.0.4:2222 (Connection refused) to "
+        "answer (3 s; the chief gives up after 300 s, "
+        "`runtime.cluster_wait_timeout`)\n"
+        "cluster | every task answers (after 4 s)\n")
+  # Printed during the sleep that followed it (the 7th), not later.
+  assert seen.index(next(text for text in seen if text)) == 6
+  assert capsys.readouterr().out == "optimizer | Adam\n"
 
 
 def test_a_probe_says_why_nothing_answers():

@@ -3,9 +3,11 @@ schedules steps, 2 workers, 1 parameter server and a sidecar evaluator, each
 `python train.py` with its own TF_CONFIG task, bounded in time and killed
 at the end."""
 
+import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -126,7 +128,12 @@ def test_each_worker_reads_its_own_shard():
   assert parities == {(0, 0), (1, 1)}
 
 
-def test_a_chief_whose_ps_never_answers_says_so_and_gives_up(tmp_path):
+@contextlib.contextmanager
+def _chief_waiting_for_ps(tmp_path, wait_timeout):
+  """Starts the chief of a cluster whose worker answers (a socket listens at
+  its address) and whose ps never starts, and waits for its first waiting
+  line; yields the chief, the ps port and the seconds from its `cluster |
+  TF_CONFIG` line to that one. The chief is killed at the end if alive."""
   chief_port, worker_port, ps_port = helpers.free_ports(3)
   cluster = {"chief": [f"127.0.0.1:{chief_port}"],
              "worker": [f"127.0.0.1:{worker_port}"],
@@ -137,27 +144,56 @@ def test_a_chief_whose_ps_never_answers_says_so_and_gives_up(tmp_path):
     chief = helpers.TrainProcess(
         ["--gin_file=gin/digits.gin",
          "--gin_file=gin/runtime/parameter_server.gin",
-         "--gin_param=runtime.cluster_wait_timeout=6", "--mode=train",
-         f"--model_dir={tmp_path / 'run'}"],
+         f"--gin_param=runtime.cluster_wait_timeout={wait_timeout}",
+         "--mode=train", f"--model_dir={tmp_path / 'run'}"],
         env={"TF_CONFIG": json.dumps(
             {"cluster": cluster, "task": {"type": "chief", "index": 0}})})
     try:
       chief.wait_for(r"^cluster \| TF_CONFIG: ", timeout=60)
-      started = time.time()
+      configured = time.time()
       chief.wait_for(
           rf"^cluster \| waiting for ps 0 at 127\.0\.0\.1:{ps_port} "
           r"\(Connection refused\) to answer \([34] s; the chief gives up "
-          r"after 6 s, `runtime\.cluster_wait_timeout`\)$", timeout=10)
-      assert chief.finish(timeout=30) == 1, chief.stderr[-3000:]
+          rf"after {wait_timeout} s, `runtime\.cluster_wait_timeout`\)$",
+          timeout=wait_timeout + 10)
+      yield chief, ps_port, time.time() - configured
     finally:
       chief.close()
+
+
+def test_a_chief_whose_ps_never_answers_says_so_and_gives_up(tmp_path):
+  with _chief_waiting_for_ps(tmp_path, 6) as (chief, ps_port, unused_said):
+    started = time.time()
+    assert chief.finish(timeout=30) == 1, chief.stderr[-3000:]
   waited = time.time() - started
-  assert 6 <= waited < 12, waited
+  # The rest of the 6 s after the first line (3 s into the wait).
+  assert 1 <= waited < 6, waited
   assert chief.stderr.splitlines()[-1] == (
       f"train.py: error: ps 0 at 127.0.0.1:{ps_port} (Connection refused) "
       "did not answer within 6 s (`runtime.cluster_wait_timeout`): start it "
       "with its command, or correct its address in TF_CONFIG; nothing was "
       "trained or written")
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_waiting_chief_says_so_at_once_and_exits_on_sigterm(tmp_path):
+  # The wait is said while the chief waits, not with the final error after
+  # `runtime.cluster_wait_timeout` (300 s by default; 120 s here, which the
+  # test never reaches).
+  with _chief_waiting_for_ps(tmp_path, 120) as (chief, unused_port, said):
+    # 3 s into the wait (FIRST_REPORT_SECONDS), as the chief connects.
+    assert 2.5 <= said < 20, said
+    chief.process.send_signal(signal.SIGTERM)
+    signalled = time.time()
+    assert chief.finish(timeout=30) == 42, chief.stderr[-3000:]
+  assert time.time() - signalled < 10
+  assert chief.stderr.splitlines()[-1] == (
+      "train.py: error: preempted by SIGTERM before training started: "
+      "nothing to save; run the same command again (exit code 42)")
+  # Said once (the next comes 30 s later), and nothing else was printed.
+  assert chief.lines[0] == ("cluster | TF_CONFIG: 1 chief, 1 worker, 1 ps on "
+                            "127.0.0.1, this is chief 0")
+  assert len(chief.lines) == 2, chief.lines
   assert not (tmp_path / "run").exists()
 
 

@@ -18,6 +18,7 @@ from trainer import experiment
 from trainer.model import warm_start
 from tasks import digits
 from tasks import digits_gan
+from tasks import digits_pipeline
 from tasks import recommendation
 
 import helpers
@@ -219,6 +220,53 @@ def test_train_py_says_the_teacher_checkpoint_holds_another_model(tmp_path):
       f"train.py: error: warm start from {prefix}: {_OTHER_MODEL}")
 
 
+def _convolutions_refused(checkpoint):
+  """The error line of a warm start of the digits CNN's conv1 and conv2 (as
+  gin/features/warm_start.gin binds it) from `checkpoint`."""
+  with pytest.raises(trainer.ConfigError) as raised:
+    warm_start.restore(digits.DigitsClassification().build_model(),
+                       warm_start.WarmStartConfig(
+                           checkpoint=checkpoint, modules=["conv1", "conv2"]))
+  return str(raised.value)
+
+
+def test_layers_a_checkpoint_lacks_are_named_absent_not_of_another_shape(
+    tmp_path):
+  # Issue 38: gin/features/warm_start.gin (conv1, conv2) from a run of the
+  # pipeline MLP said "variable conv1/bias has shape (32,) in this model but
+  # (128,) in the checkpoint": its hidden1/bias sits at conv1/bias's place.
+  prefix = tf.train.Checkpoint(
+      model=digits_pipeline.DigitsPipelineMLP().build_model()).write(
+          str(tmp_path / "ckpt-1"))
+  assert _convolutions_refused(prefix) == (
+      f"warm start from {prefix}: the checkpoint has no conv1, conv2 (by the "
+      "names saved with its variables, `model` there holds hidden1, hidden2, "
+      "hidden3, hidden4, logits).")
+
+
+def test_a_gan_checkpoint_names_the_key_of_the_model_it_holds(gan_run):
+  # Issue 38: the same warm start from a GAN run named the variables
+  # missing under `model`, with no word of `model/<name>`.
+  assert _convolutions_refused(gan_run) == (
+      f"warm start from {tf.train.latest_checkpoint(gan_run)}: 4 variable(s) "
+      "of conv1, conv2 have no value under `model` there: conv1/bias (32,), "
+      "conv1/kernel (3, 3, 1, 32), conv2/bias (64,), conv2/kernel "
+      "(3, 3, 32, 64); `model` there holds several models (classifier, "
+      "discriminator, generator), and the variables of this model are at "
+      "`model/classifier`: set `warm_start.checkpoint_key` to "
+      "'model/classifier'.")
+  # As the line says.
+  model = digits.DigitsClassification().build_model()
+  warm_start.restore(model, warm_start.WarmStartConfig(
+      checkpoint=gan_run, modules=["conv1", "conv2"],
+      checkpoint_key="model/classifier"))
+  expected = _classifier_of(gan_run)
+  restored = _checkpointed(model)
+  for name in ("layer_with_weights-0/kernel", "layer_with_weights-1/bias"):
+    key = f"model/{name}/.ATTRIBUTES/VARIABLE_VALUE"
+    np.testing.assert_array_equal(restored[key], expected[key], name)
+
+
 def test_variables_missing_from_the_checkpoint_are_named(source):
   inputs = tf_keras.Input((4,))
   hidden = tf_keras.layers.Dense(8, "tanh", name="backbone")(inputs)
@@ -282,10 +330,12 @@ def test_a_model_of_a_several_model_run_is_named_by_its_key(gan_run,
   with pytest.raises(trainer.ConfigError) as raised:
     warm_start.restore(teacher, warm_start.WarmStartConfig(
         checkpoint=gan_run, model="teacher"))
+  # The classifier holds the teacher's variables by name.
   assert str(raised.value).endswith(
-      "; `model` there holds classifier, discriminator, generator: set "
-      "`warm_start.checkpoint_key` to 'model/<name>' of the one 'teacher' "
-      "starts from.")
+      "; `model` there holds several models (classifier, discriminator, "
+      "generator), and the variables of model 'teacher' are at "
+      "`model/classifier`: set `warm_start.checkpoint_key` to "
+      "'model/classifier'.")
   warm_start.restore(teacher, warm_start.WarmStartConfig(
       checkpoint=gan_run, model="teacher", checkpoint_key="model/classifier"))
   assert (f"warm start | model 'teacher': the whole model from "

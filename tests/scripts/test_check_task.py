@@ -101,6 +101,21 @@ MY_TASKS = textwrap.dedent('''\
 
 
     @gin.configurable
+    class OwnMetrics(Regression):
+      """Updates its eval metrics by name in its own validation_step."""
+
+      def build_metrics(self, training=True):
+        return [tf_keras.metrics.MeanAbsoluteError("mae")]
+
+      def validation_step(self, inputs, model, metrics=None):
+        features, labels = inputs
+        outputs = model(features, training=False)
+        {metric.name: metric for metric in metrics}["mae"].update_state(
+            labels, outputs)
+        return {"loss": self.build_losses(labels, outputs)}
+
+
+    @gin.configurable
     class TwoModels(Regression):
       """Two models, two optimizers; model b's loss is averaged per replica."""
 
@@ -153,6 +168,8 @@ CASES = {
     "scalar_loss": "ScalarLoss",
     "flat_labels": "FlatLabels",
     "digits": "gin/digits.gin",
+    "pipeline": "gin/digits_pipeline.gin",
+    "own_metrics": "OwnMetrics",
     "two_models": "TwoModels",
     "two_models_averaging": "TwoModelsAveraging",
 }
@@ -312,6 +329,27 @@ def test_the_shipped_digits_task_passes(checks):
       "PASS replicas", "PASS resume"]
   assert replica_figures(lines[4])["difference"] < 1e-6
   assert lines[-1].startswith("check_task | PASS: DigitsClassification")
+
+
+def test_validation_step_gets_the_eval_metrics_a_run_passes(checks):
+  code, lines, stderr = checks["own_metrics"].result()
+  assert code == 0, stderr[-2000:]
+  assert lines[2] == "PASS validation_step: per-example losses, shape [256]"
+  assert lines[-1] == ("check_task | PASS: OwnMetrics trains the same on 1 "
+                       "and 2 replicas and resumes exactly")
+
+
+def test_a_pipelined_task_is_checked_whole_and_says_so(checks):
+  code, lines, stderr = checks["pipeline"].result()
+  assert code == 0, stderr[-2000:]
+  assert lines[1] == (
+      "SKIP pipeline: not checked; every check below runs the model whole, "
+      "not cut at `pipeline.boundaries` (a pipeline cannot run on replicas)")
+  assert [text.split(":")[0] for text in lines[2:-1]] == [
+      "PASS build_inputs", "PASS build_losses", "PASS input",
+      "PASS replicas", "PASS resume"]
+  assert replica_figures(lines[5])["difference"] < 1e-6
+  assert lines[-1].startswith("check_task | PASS: DigitsPipelineMLP")
 
 
 def test_several_models_name_the_one_averaged_per_replica(checks):

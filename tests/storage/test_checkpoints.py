@@ -13,6 +13,9 @@ from trainer import experiment
 from trainer.storage import checkpoint_verify
 from trainer.storage import checkpoints
 
+from tasks import digits
+from tasks import digits_pipeline
+
 import helpers
 
 
@@ -257,6 +260,32 @@ def test_a_checkpoint_without_input_position_restores_the_rest(tmp_path,
                           head=tf.Variable(0.0)), str(tmp_path), 3)
   with pytest.raises(trainer.ConfigError, match="does not fit this model"):
     checkpoints.restore(other)
+
+
+def test_a_checkpoint_without_this_models_layers_names_them(tmp_path):
+  # Issue 38: a CNN's model_dir resumed with the pipelined task said
+  # "variable hidden1/bias has shape (128,) in this model but (32,) in the
+  # checkpoint", of a checkpoint that has no hidden1 (its conv1 sits there).
+  saved = tf.train.Checkpoint(model=digits.DigitsClassification(
+  ).build_model()).write(str(tmp_path / "ckpt-10"))
+  manager = tf.train.CheckpointManager(
+      tf.train.Checkpoint(model=digits_pipeline.DigitsPipelineMLP(
+      ).build_model()), str(tmp_path), 3)
+  with pytest.raises(trainer.ConfigError) as raised:
+    checkpoints.restore(manager, saved)
+  assert str(raised.value) == (
+      f"checkpoint {saved} does not fit this model: it has no hidden1, "
+      "hidden2, hidden3, hidden4 (by the names saved with its variables, "
+      "`model` there holds conv1, conv2, hidden, logits).")
+  # Where the checkpoint has the variable by its name, its shapes are said.
+  manager = tf.train.CheckpointManager(
+      tf.train.Checkpoint(model=digits.DigitsClassification(
+          filters=16).build_model()), str(tmp_path), 3)
+  with pytest.raises(trainer.ConfigError) as raised:
+    checkpoints.restore(manager, saved)
+  assert str(raised.value) == (
+      f"checkpoint {saved} does not fit this model: variable conv1/bias has "
+      "shape (16,) in this model but (32,) in the checkpoint.")
 
 
 @pytest.mark.slow  # Two train.py runs: 64 s measured on 2 busy cores.

@@ -389,7 +389,8 @@ def wait_for_tasks(tasks: Dict[str, str], timeout: Optional[float],
     waited = clock() - start
     if not missing:
       if reported:
-        console.info(f"cluster | every task answers (after {waited:.0f} s)")
+        console.waiting(
+            f"cluster | every task answers (after {waited:.0f} s)")
       return
     names = ", ".join(f"{name} at {tasks[name]} ({why})"
                       for name, why in missing.items())
@@ -405,8 +406,9 @@ def wait_for_tasks(tasks: Dict[str, str], timeout: Optional[float],
       limit = ("" if timeout is None else
                f"; the chief gives up after {timeout:g} s, "
                "`runtime.cluster_wait_timeout`")
-      console.info(f"cluster | waiting for {names} to answer "
-                   f"({waited:.0f} s{limit})")
+      # Printed at once, though the chief waits while its run is built.
+      console.waiting(f"cluster | waiting for {names} to answer "
+                      f"({waited:.0f} s{limit})")
       reported = True
       report_at = clock() + REPORT_SECONDS
     sleep(PROBE_SECONDS)

@@ -155,39 +155,36 @@ def _source_key(config: WarmStartConfig, prefix: str) -> str:
   return config.checkpoint_key
 
 
-def _several_models_hint(config: WarmStartConfig, key: str,
+def _several_models_hint(config: WarmStartConfig, root, key: str,
                          prefix: str) -> str:
-  """Where `key` holds several models (none the one named), says which and
-  how to pick one; else ''."""
+  """Where `key` holds several models (a GAN run's), says which, and where
+  `root`'s variables are among them by name, how to pick it; else ''."""
   children = checkpoints.children_at(prefix, key)
-  if not config.model or not children or any(
-      re.fullmatch(r"layer(_with_weights)?-\d+", child) for child in children):
+  if not children or _holds_layers(prefix, key):
     return ""  # Nothing there, or one Keras model's layers.
-  return (f"; `{key}` there holds {', '.join(children)}: set "
-          f"`warm_start.checkpoint_key` to '{key}/<name>' of the one "
-          f"'{config.model}' starts from")
+  whom = f"model '{config.model}'" if config.model else "this model"
+  several = f"`{key}` there holds several models ({', '.join(children)})"
+  found = checkpoints.key_holding(root, prefix, key)
+  if found is not None:
+    return (f"; {several}, and the variables of {whom} are at `{found}`: "
+            f"set `warm_start.checkpoint_key` to '{found}'")
+  # Without a model named, only Keras models by name (a subclassed model's
+  # attributes are no models to choose from).
+  if config.model or all(_holds_layers(prefix, f"{key}/{child}")
+                         for child in children):
+    return (f"; {several}: set `warm_start.checkpoint_key` to "
+            f"'{key}/<name>' of the one {whom} starts from")
+  return ""
 
 
-# What follows a variable's path in a checkpoint's key.
-_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
+def _holds_layers(prefix: str, key: str) -> bool:
+  """Whether `key` in checkpoint `prefix` holds a Keras model's layers."""
+  return any(re.fullmatch(r"layer(_with_weights)?-\d+", child)
+             for child in checkpoints.children_at(prefix, key))
+
+
 # Variables of each side a different model's line lists.
 _LISTED = 3
-
-
-def _keyed_variables(root) -> Dict[str, tf.Variable]:
-  """The variables under `root` by their checkpoint keys (less `_VALUE`):
-  each one's first path in a breadth-first walk, as a save names it."""
-  found, seen, queue = {}, {id(root)}, [(root, "")]
-  for obj, path in queue:
-    if isinstance(obj, tf.Variable):
-      found[path] = obj
-      continue
-    for name, child in _children(obj).items():
-      if id(child) not in seen:
-        seen.add(id(child))
-        escaped = name.replace(".", "..").replace("/", ".S")
-        queue.append((child, f"{path}/{escaped}" if path else escaped))
-  return found
 
 
 def _shape(shape) -> str:
@@ -205,13 +202,15 @@ def _different_model(root, key: str, prefix: str, whole: bool,
     whole: Whether `root` is a whole model (else some of its modules, and
       the checkpoint may hold more).
   """
-  ours = {path: variable for path, variable in _keyed_variables(root).items()
+  ours = {path: variable
+          for path, variable in checkpoints.keyed_variables(root).items()
           if path.startswith(f"{key}/" if key else "")}
   start = len(key) + 1 if key else 0
-  theirs = {name[:-len(_VALUE)]: shape
+  theirs = {name[:-len(checkpoints.VALUE)]: shape
             for name, shape in tf.train.list_variables(prefix)
             if name.startswith(f"{key}/" if key else "") and
-            name.endswith(_VALUE) and "/.OPTIMIZER_SLOT/" not in name and
+            name.endswith(checkpoints.VALUE) and
+            "/.OPTIMIZER_SLOT/" not in name and
             # What `model.save_weights` keeps beside the model, at ''.
             (key or name.split("/")[0] not in ("optimizer", "save_counter"))}
   if set(ours) == set(theirs) or (not whole and set(ours) <= set(theirs)):
@@ -267,14 +266,18 @@ def restore(model: tf_keras.Model, config: WarmStartConfig) -> Optional[str]:
         f"warm start from {prefix}: {len(missing)} variable(s) of {what} "
         f"have no value under `{key}` there: {', '.join(missing[:5])}"
         f"{', ...' if len(missing) > 5 else ''}"
-        f"{_several_models_hint(config, key, prefix)}.") from e
+        f"{_several_models_hint(config, root, key, prefix)}.") from e
   except ValueError as e:
     mismatch = checkpoints.shape_mismatch(e)
     if not mismatch:
       raise
+    # The shape of a variable the checkpoint has under another name is
+    # another model's: said only where it has it under this one.
+    absent = checkpoints.not_held(root, prefix, key)
     mismatch = _different_model(
         root, key, prefix, not config.modules,
-        f"model '{config.model}'" if config.model else "this one") or mismatch
+        f"model '{config.model}'" if config.model else "this one") or (
+            f"the checkpoint {absent}" if absent else mismatch)
     raise errors.ConfigError(
         f"warm start from {prefix}: {mismatch}.") from e
   source = f" (`{key}`)" if key != "model" else ""

@@ -14,9 +14,11 @@ import collections.abc
 import os
 import re
 import shutil
-from typing import Callable, List, Optional, Sequence, Set
+from typing import Callable, Dict, List, Optional, Sequence, Set
 
 import tensorflow as tf
+# pylint: disable-next=g-direct-tensorflow-import
+from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from trainer import console
 from trainer import errors
@@ -193,6 +195,115 @@ def children_at(path: str, key: str) -> List[str]:
                  if name.startswith(start)})
 
 
+# The tensor holding a checkpoint's object graph.
+_OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
+# What follows a variable's path in a checkpoint's key.
+VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
+# Layers a line lists of each side.
+_LISTED_LAYERS = 6
+
+
+def keyed_variables(root) -> Dict[str, tf.Variable]:
+  """The variables under `root` by their checkpoint keys (less `VALUE`):
+  each one's first path in a breadth-first walk, as a save names it."""
+  found, seen, queue = {}, {id(root)}, [(root, "")]
+  for obj, path in queue:
+    if isinstance(obj, tf.Variable):
+      found[path] = obj
+      continue
+    view = tf.train.TrackableView(obj)
+    for name, child in view.children(obj).items():
+      if id(child) not in seen:
+        seen.add(id(child))
+        escaped = name.replace(".", "..").replace("/", ".S")
+        queue.append((child, f"{path}/{escaped}" if path else escaped))
+  return found
+
+
+def saved_names(path: str) -> Dict[str, str]:
+  """The variables of checkpoint `path`: key (less `VALUE`) -> the name the
+  variable had when saved (`conv1/kernel`), read from its object graph;
+  {} where it has none.
+
+  Keys are positional in Keras models (`model/layer_with_weights-0/...`):
+  the names say which layer a key held.
+  """
+  reader = tf.train.load_checkpoint(path)
+  if not reader.has_tensor(_OBJECT_GRAPH):
+    return {}
+  graph = trackable_object_graph_pb2.TrackableObjectGraph()
+  graph.ParseFromString(reader.get_tensor(_OBJECT_GRAPH))
+  return {attribute.checkpoint_key[:-len(VALUE)]: attribute.full_name
+          for node in graph.nodes for attribute in node.attributes
+          if attribute.checkpoint_key.endswith(VALUE) and attribute.full_name
+          and "/.OPTIMIZER_SLOT/" not in attribute.checkpoint_key}
+
+
+def _name(variable: tf.Variable) -> str:
+  return variable.name.split(":")[0]
+
+
+def _base(name: str) -> str:
+  """`name` less Keras's numeric suffixes (`dense_3/kernel` is
+  `dense/kernel`): the names Keras makes up count in build order, and the
+  same model built after others in one process gets other ones."""
+  return "/".join(re.sub(r"_\d+$", "", part) for part in name.split("/"))
+
+
+def _layers(names: Sequence[str]) -> str:
+  """`conv1, conv2, ...`: the layers of variables `names`, in order."""
+  layers = list(dict.fromkeys(name.rsplit("/", 1)[0] for name in names))
+  more = ", ..." if len(layers) > _LISTED_LAYERS else ""
+  return ", ".join(layers[:_LISTED_LAYERS]) + more
+
+
+def not_held(root, path: str, key: str) -> Optional[str]:
+  """Names the layers of `root`'s variables under `key` that checkpoint
+  `path` holds under no key there by the names they had when saved, and
+  the layers it does hold there (`has no conv1, conv2 (...)`: the
+  checkpoint is the subject); None where it holds every one (names
+  compared less Keras's numeric suffixes) or keeps no names.
+
+  A restore matches variables by position: at the place of this model's
+  `conv1/bias` the checkpoint may hold another model's `hidden1/bias`, and
+  the shape mismatch would name a variable it does not have.
+  """
+  start = f"{key}/" if key else ""
+  saved = saved_names(path)
+  held = [name for saved_key, name in saved.items()
+          if saved_key.startswith(start)]
+  ours = [_name(variable) for variable_key, variable
+          in keyed_variables(root).items() if variable_key.startswith(start)]
+  bases = {_base(name) for name in held}
+  missing = [name for name in ours if _base(name) not in bases]
+  if not saved or not missing:
+    return None
+  where = f"`{key}` there" if key else "it"
+  return (f"has no {_layers(missing)} (by the names saved with its "
+          f"variables, {where} holds {_layers(held) or 'none'})")
+
+
+def key_holding(root, path: str, key: str) -> Optional[str]:
+  """The key of checkpoint `path` below `key` where every variable of
+  `root`'s under `key` is saved, at its own place and by its own name (less
+  Keras's numeric suffixes): a GAN run's `model/classifier` for a
+  classifier. None if there is no one such key."""
+  start = f"{key}/" if key else ""
+  saved = saved_names(path)
+  found = None
+  for variable_key, variable in keyed_variables(root).items():
+    if not variable_key.startswith(start):
+      continue
+    place = variable_key[len(start):]
+    keys = {saved_key[:-len(place) - 1] for saved_key, name in saved.items()
+            if _base(name) == _base(_name(variable)) and
+            saved_key.startswith(start) and saved_key.endswith(f"/{place}")}
+    found = keys if found is None else found & keys
+    if not found:
+      return None
+  return next(iter(found)) if found and len(found) == 1 else None
+
+
 def _missing_models(checkpoint: tf.train.Checkpoint,
                     path: str) -> Optional[str]:
   """Names the models of a Task with several that `path` holds nothing of
@@ -292,7 +403,12 @@ def _raise_if_another_models(checkpoint: tf.train.Checkpoint, path: str,
   Raises:
     errors.ConfigError: Naming what does not fit.
   """
-  mismatch = _missing_models(checkpoint, path) or _mismatch(error)
+  mismatch = _missing_models(checkpoint, path)
+  if not mismatch and shape_mismatch(error):
+    # Said only where the variable is there under its own name.
+    absent = not_held(checkpoint, path, "model")
+    mismatch = f"it {absent}" if absent else shape_mismatch(error)
+  mismatch = mismatch or _mismatch(error)
   if mismatch:
     raise errors.ConfigError(
         f"checkpoint {path} does not fit this model: {mismatch}.") from error
@@ -323,7 +439,7 @@ def _restore_one(checkpoint: tf.train.Checkpoint, path: str,
         if name not in (INPUT_POSITION, "save_counter")})
   # Damage in what is read late (optimizer slots) is found now, while the
   # one before can still be restored instead.
-  checkpoint_verify.verify(path, {"_CHECKPOINTABLE_OBJECT_GRAPH",
+  checkpoint_verify.verify(path, {_OBJECT_GRAPH,
                                   "save_counter",
                                   *checkpoint._trackable_children()})  # pylint: disable=protected-access
   status = checkpoint.restore(path)
