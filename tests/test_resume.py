@@ -18,6 +18,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from trainer import errors
+from trainer import resume
+from trainer.report import config_changes
+
 import helpers
 
 
@@ -181,3 +185,35 @@ def test_a_change_that_cannot_take_effect_is_refused(trained, tmp_path,
   assert finished.stderr.strip().splitlines()[-1] == (
       "train.py: error: " + line.format(dir=model_dir))
   assert helpers.snapshot(model_dir) == snapshot  # Nothing written.
+
+
+def _resumed_with(**changed):
+  """A `Resume` at step 100 of ckpt-100 with `changed` as `(old, new)`."""
+  return resume.Resume(100, "run/ckpt-100", tuple(
+      config_changes.Change(name.replace("__", "."), *values)
+      for name, values in sorted(changed.items())))
+
+
+def test_the_batch_sizes_are_read_only_where_they_changed():
+  assert _resumed_with(trainer__global_batch_size=("64", "128")
+                       ).batch_sizes == (64, 128)
+  assert _resumed_with(trainer__train_steps=("100", "200")
+                       ).batch_sizes is None
+  assert _resumed_with().line() is None
+
+
+def test_a_checkpoint_of_another_model_names_the_models_bindings():
+  error = errors.CheckpointMismatch(
+      "checkpoint run/ckpt-100 does not fit this model: variable x has "
+      "shape (2,) in this model but (3,) in the checkpoint.")
+  found = resume.mismatch(error, _resumed_with(
+      trainer__train_steps=("100", "200"), Net__units=("3", "2")))
+  assert str(found) == (
+      "checkpoint run/ckpt-100 does not fit this model: variable x has "
+      "shape (2,) in this model but (3,) in the checkpoint; changed since "
+      "step 100: Net.units 3 -> 2: a model of another shape cannot resume "
+      "this run; set them back, or train in a new --model_dir starting from "
+      "the weights that fit: `warm_start.checkpoint = 'run/ckpt-100'` (and "
+      "`warm_start.modules`).")
+  assert isinstance(found, errors.ConfigError)
+  assert resume.mismatch(error, None) is error  # Not a resume.

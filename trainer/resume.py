@@ -31,8 +31,7 @@ from trainer.storage import checkpoints
 # Configurables whose bindings change how the run goes, never the shape of
 # what a checkpoint holds: not suspects when a checkpoint does not fit.
 _FRAMEWORK = ("trainer", "optimizer", "learning_rate", "runtime", "ema",
-              "export", "best_checkpoint", "early_stopping", "warm_start",
-              "pipeline")
+              "export", "best_checkpoint", "early_stopping", "warm_start")
 
 
 @dataclasses.dataclass(frozen=True)
