@@ -217,3 +217,8 @@ def test_a_checkpoint_of_another_model_names_the_models_bindings():
       "`warm_start.modules`).")
   assert isinstance(found, errors.ConfigError)
   assert resume.mismatch(error, None) is error  # Not a resume.
+  # Nothing of the model changed in gin: the Task's code did.
+  assert str(resume.mismatch(error, _resumed_with())).endswith(
+      "in the checkpoint: a model of another shape cannot resume this run; "
+      "train in a new --model_dir starting from the weights that fit: "
+      "`warm_start.checkpoint = 'run/ckpt-100'` (and `warm_start.modules`).")

@@ -103,11 +103,13 @@ def mismatch(error: errors.CheckpointMismatch,
               if change.unscoped.split(".")[0] not in _FRAMEWORK]
   changed = (f"; changed since step {resume.step}: {', '.join(suspects)}"
              if suspects else "")
+  # Without a suspect binding, the Task's code changed the model.
+  back = "set them back, or train" if suspects else "train"
   return errors.ConfigError(
       f"{str(error).rstrip('.')}{changed}: a model of another shape cannot "
-      "resume this run; set them back, or train in a new --model_dir "
-      f"starting from the weights that fit: `warm_start.checkpoint = "
-      f"'{resume.checkpoint}'` (and `warm_start.modules`).")
+      f"resume this run; {back} in a new --model_dir starting from the "
+      f"weights that fit: `warm_start.checkpoint = '{resume.checkpoint}'` "
+      "(and `warm_start.modules`).")
 
 
 def rebase_input(parts: build.Parts, resume: Optional[Resume]

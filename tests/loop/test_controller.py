@@ -91,7 +91,11 @@ def test_restoring_a_different_model_names_the_variable(tmp_path):
   with pytest.raises(trainer.ConfigError,
                      match=r"^checkpoint \S+/ckpt-20 does not fit this model: "
                      r"variable dense_\d+/bias has shape \(16,\) in this "
-                     r"model but \(8,\) in the checkpoint\.$"):
+                     r"model but \(8,\) in the checkpoint: a model of "
+                     r"another shape cannot resume this run; train in a new "
+                     r"--model_dir starting from the weights that fit: "
+                     r"`warm_start.checkpoint = '\S+/ckpt-20'` \(and "
+                     r"`warm_start.modules`\)\.$"):
     experiment.run(Wider(), "train", str(tmp_path), None,
                    trainer.TrainerConfig(train_steps=40, steps_per_loop=5,
                                          summary_interval=5,

@@ -59,14 +59,14 @@ def test_nothing_changed_is_no_line():
 
 
 def test_the_operative_config_written_reads_back(tmp_path):
-  @gin.configurable("probe")
+  @gin.configurable("changes_probe")
   def probe(rate=0.5, name="x"):
     return rate, name
 
-  gin.parse_config("probe.rate = 1e-12")
+  gin.parse_config("changes_probe.rate = 1e-12")
   probe()
   summaries.write_operative_config(str(tmp_path), None, step=0)
-  assert config_changes.read(str(tmp_path)) == {"probe.rate": "1e-12",
-                                                "probe.name": "'x'"}
+  assert config_changes.read(str(tmp_path)) == {
+      "changes_probe.rate": "1e-12", "changes_probe.name": "'x'"}
   assert config_changes.operative() == config_changes.read(str(tmp_path))
   assert config_changes.read(str(tmp_path / "none")) is None
