@@ -9,7 +9,8 @@ evaluated, exported and fingerprinted.
 
 import dataclasses
 import hashlib
-from typing import Callable, ContextManager, Dict, Optional, Tuple, Union
+from typing import (Callable, ContextManager, Dict, List, Optional, Tuple,
+                    Union)
 
 import orbit
 import tensorflow as tf
@@ -56,7 +57,7 @@ class TrainState:
   hyperparameters: hyperparameters_lib.Configured = (
       hyperparameters_lib.Configured())
 
-  def assign_hyperparameters(self) -> Dict[str, Tuple[float, float]]:
+  def assign_hyperparameters(self) -> List[Tuple[str, float, float]]:
     """Puts the configured hyperparameters over a restored checkpoint's
     (`hyperparameters.assign`); returns those it replaced."""
     with self.strategy.scope():

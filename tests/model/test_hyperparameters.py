@@ -32,7 +32,7 @@ def _resumed(path, optimizer, assign):
   weight = tf.Variable([0.0, 0.0])
   configured = hyperparameters.configured(optimizer)
   tf.train.Checkpoint(optimizer=optimizer, w=weight).restore(path)
-  replaced = hyperparameters.assign(configured) if assign else {}
+  replaced = hyperparameters.assign(configured) if assign else []
   before = weight.numpy()
   optimizer.apply_gradients([(tf.constant([0.5, 0.5]), weight)])
   moved = float(np.max(np.abs(weight.numpy() - before)))
@@ -53,8 +53,8 @@ def test_the_configured_hyperparameters_hold_after_the_first_step(tmp_path):
                                    assign=True)
   assert rate == np.float32(1e-12)
   assert moved < 1e-9
-  assert replaced == {"learning_rate": (pytest.approx(1e-3), 1e-12),
-                      "beta_1": (pytest.approx(0.9), 0.5)}
+  assert replaced == [("beta_1", pytest.approx(0.9), 0.5),
+                      ("learning_rate", pytest.approx(1e-3), 1e-12)]
 
 
 def test_a_newer_optimizers_rate_variable_is_assigned_too(tmp_path):
@@ -63,8 +63,8 @@ def test_a_newer_optimizers_rate_variable_is_assigned_too(tmp_path):
                                    assign=True)
   assert rate == np.float32(1e-12)
   assert moved < 1e-9
-  assert replaced == {"learning_rate": (pytest.approx(0.1),
-                                        pytest.approx(1e-12))}
+  assert replaced == [("learning_rate", pytest.approx(0.1),
+                       pytest.approx(1e-12))]
 
 
 def test_schedules_are_not_variables_and_stay_as_built():
@@ -75,3 +75,20 @@ def test_schedules_are_not_variables_and_stay_as_built():
   assert owner is optimizer
   assert "learning_rate" not in dict(values)
   assert hyperparameters.configured(None).values == ()
+
+
+def test_each_models_optimizer_keeps_its_own_settings(tmp_path):
+  built = {"generator": _adam(2e-4), "discriminator": _adam(1e-3)}
+  configured = hyperparameters.configured(built)
+  assert [dict(values)["learning_rate"] for _, values in configured.values
+          ] == [pytest.approx(2e-4), pytest.approx(1e-3)]
+  weights = {name: tf.Variable([1.0]) for name in built}
+  for name, optimizer in built.items():
+    optimizer.apply_gradients([(tf.constant([0.5]), weights[name])])
+    optimizer.learning_rate = 0.5  # As a checkpoint's values would be.
+  assert hyperparameters.assign(configured) == [
+      ("learning_rate", 0.5, pytest.approx(2e-4)),
+      ("learning_rate", 0.5, pytest.approx(1e-3))]
+  assert [float(optimization.get_learning_rate(o).numpy())
+          for o in built.values()] == [pytest.approx(2e-4),
+                                       pytest.approx(1e-3)]

@@ -73,7 +73,8 @@ def configured(optimizer) -> Configured:
   return Configured(tuple(found))
 
 
-def assign(configured_values: Configured) -> Dict[str, Tuple[float, float]]:
+def assign(configured_values: Configured
+           ) -> List[Tuple[str, float, float]]:
   """Puts the configured hyperparameters over what a restore put there.
 
   A legacy optimizer creates its hyperparameter variables on first use; a
@@ -82,10 +83,10 @@ def assign(configured_values: Configured) -> Dict[str, Tuple[float, float]]:
   strategy scope, after the restore.
 
   Returns:
-    The values it replaced, `name -> (restored, configured)`, of those that
-    differed.
+    The values it replaced, `(name, restored, configured)`, of those that
+    differed, in the order of `configured_values`.
   """
-  replaced = {}
+  replaced = []
   for owner, values in configured_values.values:
     if isinstance(owner, tf_keras.optimizers.legacy.Optimizer):
       owner._create_hypers()  # pylint: disable=protected-access
@@ -100,6 +101,6 @@ def assign(configured_values: Configured) -> Dict[str, Tuple[float, float]]:
       wanted = tf.cast(value, variable.dtype)
       restored = variable.numpy()
       if restored != wanted.numpy():
-        replaced[name] = (float(restored), value)
+        replaced.append((name, float(restored), value))
         variable.assign(wanted)
   return replaced
