@@ -330,7 +330,10 @@ BAD_INPUTS = [
     ("another model's checkpoint", "digits",
      ["--gin_param=DigitsClassification.hidden_units=64"], {}, 2,
      "does not fit this model: variable hidden/bias has shape (64,) in this "
-     "model but (128,) in the checkpoint."),
+     "model but (128,) in the checkpoint; changed since step 100: "
+     "DigitsClassification.hidden_units 128 -> 64: a model of another shape "
+     "cannot resume this run; set them back, or train in a new --model_dir "
+     "starting from the weights that fit: `warm_start.checkpoint = '"),
     ("malformed TF_CONFIG", "digits", [f"--gin_param={_MW}"],
      {"TF_CONFIG": "{not json"}, 2, "TF_CONFIG is not valid JSON"),
     ("task_index out of range", "digits",
@@ -417,7 +420,11 @@ def test_dry_run_checks_everything_and_touches_nothing(trained_dirs,
   assert result.returncode == 2
   assert result.stderr.strip().splitlines()[-1].endswith(
       "does not fit this model: variable hidden/bias has shape (64,) in this "
-      "model but (128,) in the checkpoint.")
+      "model but (128,) in the checkpoint; changed since step 100: "
+      "DigitsClassification.hidden_units 128 -> 64: a model of another shape "
+      "cannot resume this run; set them back, or train in a new --model_dir "
+      "starting from the weights that fit: `warm_start.checkpoint = "
+      f"'{model_dir}/ckpt-100'` (and `warm_start.modules`).")
   assert helpers.snapshot(str(model_dir)) == before
 
   # An error a real run would hit only after building: first error, exit 2.

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import trainer
 from trainer import experiment
+from trainer.model import optimization
 
 import helpers
 
@@ -324,3 +325,43 @@ def test_a_model_dir_deleted_during_the_run_stops_the_next_save(tmp_path):
       f"model_dir {model_dir} was deleted or replaced during the run; the "
       "checkpoint of step 40 is not saved.")
   assert not model_dir.exists()
+
+
+def _sgd(rate, **settings):
+  return _config(optimizer=optimization.OptimizerConfig(name="sgd",
+                                                   learning_rate=rate),
+                 **settings)
+
+
+@pytest.mark.parametrize("resumed_with", [
+    dict(optimizer=optimization.OptimizerConfig(name="sgd", learning_rate=1e-12)),
+    # A schedule takes the restored step: its new rates hold at once.
+    dict(learning_rate=optimization.ScheduleConfig(
+        schedule="stepwise", boundaries=(10,), values=(0.1, 1e-12))),
+    # Clipping is an option of the train step, built anew.
+    dict(gradient_clip_value=1e-12),
+])
+def test_a_resume_trains_with_the_settings_it_is_given(tmp_path,
+                                                       resumed_with):
+  model_dir = str(tmp_path)
+  task = helpers.ConfiguredRegression()
+  experiment.run(task, "train", model_dir, _runtime(), _sgd(0.1))
+  halfway = helpers.checkpoint_weights(model_dir)
+  settings = dict(train_steps=40, optimizer=optimization.OptimizerConfig(
+      name="sgd", learning_rate=0.1))
+  settings.update(resumed_with)
+  experiment.run(task, "train", model_dir, _runtime(), _config(**settings))
+  assert helpers.checkpoint_step(model_dir) == 40
+  # At the old rate of 0.1 the same 20 steps move a weight by about 0.3.
+  assert helpers.max_weight_difference(
+      halfway, helpers.checkpoint_weights(model_dir)) < 1e-9
+
+
+def test_a_resume_at_a_huge_rate_meets_the_nonfinite_guard(tmp_path):
+  model_dir = str(tmp_path)
+  task = helpers.ConfiguredRegression()
+  experiment.run(task, "train", model_dir, _runtime(), _sgd(0.1))
+  with pytest.raises(trainer.NonFiniteError) as raised:
+    experiment.run(task, "train", model_dir, _runtime(),
+                   _sgd(1e6, train_steps=40))
+  assert 20 < raised.value.step < 40  # Resumed at 20; trains to 40.

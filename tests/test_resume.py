@@ -1,4 +1,7 @@
-"""Exact resume after SIGKILL: a run killed at a random moment and restarted
+"""Resumes with the settings given (real train.py processes): what changed
+since the checkpoint is said, takes effect or is refused.
+
+Exact resume after SIGKILL: a run killed at a random moment and restarted
 ends with the same weights and optimizer state, bit for bit, as a run that
 was never interrupted (`runtime.deterministic=True`): digits on one device
 and 2 replicas, a model split over 2 devices, a Task with several models
@@ -6,11 +9,18 @@ and optimizers, a model pipelined over 2 devices. Real processes. (The tf.data s
 reproducible order: its campaign, in test_data_service.py, checks the
 resume step instead.)"""
 
+import os
 import random
+import shutil
 import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
+
+from trainer import errors
+from trainer import resume
+from trainer.report import config_changes
 
 import helpers
 
@@ -82,3 +92,133 @@ def test_sigkill_at_a_random_moment_then_restart_is_exact(
     if name == "save_counter/.ATTRIBUTES/VARIABLE_VALUE":
       continue  # Counts saves, which differ by design.
     np.testing.assert_array_equal(ours[name], reference[name], err_msg=name)
+
+
+_DIGITS = ["--gin_file=gin/digits.gin", "--mode=train",
+           "--gin_param=trainer.steps_per_loop=10",
+           "--gin_param=trainer.summary_interval=10",
+           "--gin_param=trainer.checkpoint_interval=10"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A digits run of 20 steps at Adam's 0.001, batch 64: its model_dir."""
+  model_dir = str(tmp_path_factory.mktemp("trained") / "run")
+  finished = helpers.run_cli(_DIGITS + [
+      f"--model_dir={model_dir}", "--gin_param=trainer.train_steps=20"])
+  assert finished.returncode == 0, finished.stderr[-2000:]
+  return model_dir
+
+
+def _resume(trained, tmp_path, *params):
+  """Copies `trained` and resumes it with `params`; returns the process and
+  the copy."""
+  model_dir = str(tmp_path / "run")
+  shutil.copytree(trained, model_dir)
+  return helpers.run_cli(_DIGITS + [f"--model_dir={model_dir}"] + [
+      f"--gin_param={param}" for param in params]), model_dir
+
+
+def _lines(finished, start):
+  return [line for line in finished.stdout.splitlines()
+          if line.startswith(start)]
+
+
+def test_a_resume_takes_a_new_rate_and_batch_and_says_so(trained, tmp_path):
+  before = helpers.checkpoint_weights(trained)
+  finished, model_dir = _resume(
+      trained, tmp_path, "trainer.train_steps=40",
+      "optimizer.learning_rate=1e-12", "trainer.global_batch_size=128")
+  assert finished.returncode == 0, finished.stderr[-2000:]
+  assert _lines(finished, "resume |") == [
+      "resume | changed since step 20: optimizer.learning_rate 0.001 -> "
+      "1e-12, trainer.global_batch_size 64 -> 128, trainer.train_steps 20 "
+      "-> 40"]
+  assert _lines(finished, "input |") == [
+      "input | resuming with global batch 128 (64 before): skips 10 "
+      "batch(es) of 128, the 1280 examples trained on before"]
+  # At the checkpoint's 0.001, 20 steps move a weight by about 0.05.
+  assert helpers.max_weight_difference(
+      before, helpers.checkpoint_weights(model_dir)) < 1e-9
+  reader = tf.train.load_checkpoint(model_dir)
+  assert reader.get_tensor("optimizer/learning_rate/.ATTRIBUTES/"
+                           "VARIABLE_VALUE") == np.float32(1e-12)
+  with open(os.path.join(model_dir, "operative_config.gin")) as f:
+    written = f.read().splitlines()
+  assert "optimizer.learning_rate = 1e-12" in written
+  assert "trainer.global_batch_size = 128" in written
+
+  # Resumed again as it was: nothing to say, the input position restored.
+  again = helpers.run_cli(_DIGITS + [
+      f"--model_dir={model_dir}", "--gin_param=trainer.train_steps=60",
+      "--gin_param=optimizer.learning_rate=1e-12",
+      "--gin_param=trainer.global_batch_size=128"])
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert _lines(again, "resume |") == [
+      "resume | changed since step 40: trainer.train_steps 40 -> 60"]
+  assert _lines(again, "input |") == []
+  assert helpers.checkpoint_step(model_dir) == 60
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("param, line", [
+    ('optimizer.name="sgd"',
+     "`optimizer.name` changed since step 20 ('adam' -> 'sgd'): an "
+     "optimizer of another kind cannot continue from the checkpoint's (its "
+     "slots differ); set it back to 'adam', or train in a new --model_dir "
+     "starting from the weights: `warm_start.checkpoint = '{dir}/ckpt-20'`."),
+    ("DigitsClassification.hidden_units=64",
+     "checkpoint {dir}/ckpt-20 does not fit this model: variable "
+     "hidden/bias has shape (64,) in this model but (128,) in the "
+     "checkpoint; changed since step 20: DigitsClassification.hidden_units "
+     "128 -> 64: a model of another shape cannot resume this run; set them "
+     "back, or train in a new --model_dir starting from the weights that "
+     "fit: `warm_start.checkpoint = '{dir}/ckpt-20'` (and "
+     "`warm_start.modules`)."),
+])
+def test_a_change_that_cannot_take_effect_is_refused(trained, tmp_path,
+                                                     param, line):
+  snapshot = helpers.snapshot(trained)
+  finished, model_dir = _resume(trained, tmp_path, "trainer.train_steps=40",
+                                param)
+  assert finished.returncode == 2, finished.stderr[-2000:]
+  assert finished.stderr.strip().splitlines()[-1] == (
+      "train.py: error: " + line.format(dir=model_dir))
+  assert helpers.snapshot(model_dir) == snapshot  # Nothing written.
+
+
+def _resumed_with(**changed):
+  """A `Resume` at step 100 of ckpt-100 with `changed` as `(old, new)`."""
+  return resume.Resume(100, "run/ckpt-100", tuple(
+      config_changes.Change(name.replace("__", "."), *values)
+      for name, values in sorted(changed.items())))
+
+
+def test_the_batch_sizes_are_read_only_where_they_changed():
+  assert _resumed_with(trainer__global_batch_size=("64", "128")
+                       ).batch_sizes == (64, 128)
+  assert _resumed_with(trainer__train_steps=("100", "200")
+                       ).batch_sizes is None
+  assert _resumed_with().line() is None
+
+
+def test_a_checkpoint_of_another_model_names_the_models_bindings():
+  error = errors.CheckpointMismatch(
+      "checkpoint run/ckpt-100 does not fit this model: variable x has "
+      "shape (2,) in this model but (3,) in the checkpoint.")
+  found = resume.mismatch(error, _resumed_with(
+      trainer__train_steps=("100", "200"), Net__units=("3", "2")))
+  assert str(found) == (
+      "checkpoint run/ckpt-100 does not fit this model: variable x has "
+      "shape (2,) in this model but (3,) in the checkpoint; changed since "
+      "step 100: Net.units 3 -> 2: a model of another shape cannot resume "
+      "this run; set them back, or train in a new --model_dir starting from "
+      "the weights that fit: `warm_start.checkpoint = 'run/ckpt-100'` (and "
+      "`warm_start.modules`).")
+  assert isinstance(found, errors.ConfigError)
+  assert resume.mismatch(error, None) is error  # Not a resume.
+  # Nothing of the model changed in gin: the Task's code did.
+  assert str(resume.mismatch(error, _resumed_with())).endswith(
+      "in the checkpoint: a model of another shape cannot resume this run; "
+      "train in a new --model_dir starting from the weights that fit: "
+      "`warm_start.checkpoint = 'run/ckpt-100'` (and `warm_start.modules`).")

@@ -283,7 +283,8 @@ def controller(built: Parts, write_dir: str, *,
                restore_dir: Optional[str] = None,
                watcher: Optional[preemption.PreemptionWatcher] = None,
                stopper: Optional[actions.EarlyStopping] = None,
-               saves: bool = True) -> controller_lib.Controller:
+               saves: bool = True,
+               input_stale_until: int = -1) -> controller_lib.Controller:
   """Builds the controller (which restores the newest checkpoint) and the
   actions between loops.
 
@@ -296,6 +297,8 @@ def controller(built: Parts, write_dir: str, *,
     stopper: Early stopping, from `early_stopping`.
     saves: Whether there are checkpoints at all: a benchmark times the
       loop without them.
+    input_stale_until: Restore no input position from checkpoints of
+      steps up to this one (saved with another batch size).
   """
   config, training, train_state = built.config, built.training, built.state
   manager = None
@@ -321,7 +324,8 @@ def controller(built: Parts, write_dir: str, *,
                         if built.evaluating else None),
       options=controller_lib.ControllerOptions(
           checkpoint_interval=config.checkpoint_interval if saves else None,
-          restore_dir=restore_dir, partial_restore=not training),
+          restore_dir=restore_dir, partial_restore=not training,
+          input_stale_until=input_stale_until),
       **collaborators)
   # Added once the controller exists: keeping the best checkpoint of an
   # evaluated checkpoint on disk copies the one the controller restored.
@@ -351,6 +355,8 @@ def _training_collaborators(
     hooks.append(stopper)
   return dict(
       steps_per_loop=config.steps_per_loop,
+      # The run's settings, not the checkpoint's, after every restore.
+      restored_fn=train_state.assign_hyperparameters,
       train_actions=[
           actions.OperativeConfigWriter(write_dir, writer),
           actions.StatefulRandomCheck(built.trainer.traced_loop,

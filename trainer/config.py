@@ -66,7 +66,10 @@ class TrainerConfig:
       the batches trained on are read again and thrown away (exact; the cost
       grows with the step); "restart": the input starts over (not exact;
       for streams whose shuffle and prefetch buffers would make every
-      checkpoint gigabytes, such as ImageNet's).
+      checkpoint gigabytes, such as ImageNet's). A run resumed with another
+      `global_batch_size` skips the examples trained on before in batches
+      of the new size ("checkpoint" and "skip"; the checkpointed iterator
+      gives batches of the old size), and says so in an `input |` line.
     gradient_accumulation_steps: Micro-batches per step: each replica's
       slice of the global batch is cut into this many, and their gradients
       are summed before one update (same update, less memory).

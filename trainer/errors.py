@@ -13,6 +13,11 @@ class ConfigTypeError(ConfigError, TypeError):
   returns, say); still a `TypeError` to code that catches one."""
 
 
+class CheckpointMismatch(ConfigError):
+  """A checkpoint that does not fit what this run built (another model);
+  a resume adds the settings that changed since it was saved."""
+
+
 class RunError(RuntimeError):
   """A run that cannot go on for a reason outside the configuration (a
   timeout, a directory gone); its message is one line, the exit code 1."""

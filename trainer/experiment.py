@@ -11,6 +11,7 @@ connects them.
 """
 
 import contextlib
+import dataclasses
 import os
 import time
 from typing import Any, Callable, Dict, Optional
@@ -23,6 +24,7 @@ from trainer import config as config_lib
 from trainer import console
 from trainer import errors
 from trainer import model_dir as model_dir_lib
+from trainer import resume as resume_lib
 from trainer import runtime as runtime_lib
 from trainer import state as state_lib
 from trainer.data import stall_watch
@@ -108,6 +110,8 @@ def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
   with console.held() as release:
     parts = build.parts(task, mode, build.process(runtime, membership),
                         config)
+    # Read before this run writes its own configuration over the old one.
+    resume = resume_lib.compare(parts, restore_dir)
     controller = None  # Built below, given the watcher.
 
     def progress() -> Optional[preemption.Progress]:
@@ -123,8 +127,14 @@ def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
                                         parts.config) as write_dir,
           watcher or contextlib.nullcontext()):
       early_stopping = build.early_stopping(parts, write_dir)
-      controller = build.controller(parts, write_dir, restore_dir=restore_dir,
-                                    watcher=watcher, stopper=early_stopping)
+      try:
+        controller = build.controller(
+            parts, write_dir, restore_dir=restore_dir, watcher=watcher,
+            stopper=early_stopping,
+            input_stale_until=(resume.step if resume and resume.batch_sizes
+                               else -1))
+      except errors.CheckpointMismatch as e:
+        raise resume_lib.mismatch(e, resume) from e
       release(run_report.header(
           task_name=type(task).__name__, mode=mode, model_dir=model_dir,
           strategy=parts.state.strategy, runtime=parts.runtime,
@@ -135,7 +145,7 @@ def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
               task_lib.overrides(task, "train_step") and
               not (parts.trainer and parts.trainer.checks_loss_scaling))))
       if controller.step:
-        _resume_input(parts, controller.step)
+        _resume(parts, controller.step, resume)
       with _stall_watch(parts, controller, watcher):
         return _run_mode(parts, controller, mode, model_dir, write_dir,
                          early_stopping, started)
@@ -180,10 +190,21 @@ def _stall_watch(parts: build.Parts, controller: controller_lib.Controller,
       on_signal=saving_first(signalled))
 
 
-def _resume_input(parts: build.Parts, step: int) -> None:
-  """Puts the training input where a run resumed at `step` left it, where
-  the iterator is not in the checkpoint."""
-  if parts.resume_input_fn is not None:
+def _resume(parts: build.Parts, step: int,
+            resume: Optional[resume_lib.Resume]) -> None:
+  """Says what changed since the checkpoint (the chief), and puts the
+  training input where a run resumed at `step` left it, where the iterator
+  is not in the checkpoint or its batches have another size."""
+  if resume is not None and resume.step != step:
+    # An older checkpoint, restored in place of a damaged one.
+    resume = dataclasses.replace(resume, step=step)
+  line = resume.line() if resume else None
+  if line and parts.worker.is_chief:
+    console.info(line)
+  rebased = resume_lib.rebase_input(parts, resume)
+  if rebased:
+    console.info(rebased)
+  elif parts.resume_input_fn is not None:
     # The chief's checkpoint cannot hold every worker's iterator (and some
     # pipelines cannot be saved at all): skip what was consumed instead.
     skipped = parts.resume_input_fn(step)

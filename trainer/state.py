@@ -9,7 +9,8 @@ evaluated, exported and fingerprinted.
 
 import dataclasses
 import hashlib
-from typing import Callable, ContextManager, Dict, Optional, Tuple, Union
+from typing import (Callable, ContextManager, Dict, List, Optional, Tuple,
+                    Union)
 
 import orbit
 import tensorflow as tf
@@ -24,6 +25,7 @@ from trainer.distribute import pipeline
 from trainer.distribute import placement
 from trainer.model import ema
 from trainer.model import gradients
+from trainer.model import hyperparameters as hyperparameters_lib
 from trainer.model import named
 from trainer.model import optimization
 from trainer.model import optimizer_parts
@@ -43,6 +45,8 @@ class TrainState:
     global_step: The global step.
     strategy: The strategy the variables were made in.
     stages: The model's pipeline stages (`pipeline.*`); None unpipelined.
+    hyperparameters: The optimizers' hyperparameters as configured, put
+      back over a restored checkpoint's (`hyperparameters.assign`).
   """
   model: Union[tf_keras.Model, Dict[str, tf_keras.Model]]
   optimizer: Union[None, tf_keras.optimizers.Optimizer,
@@ -50,6 +54,14 @@ class TrainState:
   global_step: tf.Variable
   strategy: tf.distribute.Strategy
   stages: Optional[pipeline.Stages] = None
+  hyperparameters: hyperparameters_lib.Configured = (
+      hyperparameters_lib.Configured())
+
+  def assign_hyperparameters(self) -> List[Tuple[str, float, float]]:
+    """Puts the configured hyperparameters over a restored checkpoint's
+    (`hyperparameters.assign`); returns those it replaced."""
+    with self.strategy.scope():
+      return hyperparameters_lib.assign(self.hyperparameters)
 
   def step(self) -> int:
     """The global step, read from the device."""
@@ -123,7 +135,10 @@ def build(task: task_lib.Task, strategy: tf.distribute.Strategy,
       models = named.named(model)
       for name, each in named.named(optimizer).items():
         optimization.create_slots(each, models[name].trainable_variables)
-  return TrainState(model, optimizer, global_step, strategy, stages)
+  # Read before any restore puts a checkpoint's values over them.
+  configured = hyperparameters_lib.configured(optimizer)
+  return TrainState(model, optimizer, global_step, strategy, stages,
+                    configured)
 
 
 def _pipelined(task_name: str, model, element_spec,

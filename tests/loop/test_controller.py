@@ -91,7 +91,11 @@ def test_restoring_a_different_model_names_the_variable(tmp_path):
   with pytest.raises(trainer.ConfigError,
                      match=r"^checkpoint \S+/ckpt-20 does not fit this model: "
                      r"variable dense_\d+/bias has shape \(16,\) in this "
-                     r"model but \(8,\) in the checkpoint\.$"):
+                     r"model but \(8,\) in the checkpoint: a model of "
+                     r"another shape cannot resume this run; train in a new "
+                     r"--model_dir starting from the weights that fit: "
+                     r"`warm_start.checkpoint = '\S+/ckpt-20'` \(and "
+                     r"`warm_start.modules`\)\.$"):
     experiment.run(Wider(), "train", str(tmp_path), None,
                    trainer.TrainerConfig(train_steps=40, steps_per_loop=5,
                                          summary_interval=5,
@@ -466,3 +470,29 @@ def test_own_loop_saves_at_the_managers_interval_unless_given_one(
   controller.train(10)
   assert fake.loops == [2] * 5
   assert _saved_steps(tmp_path) == saved
+
+
+def test_the_run_puts_its_settings_back_after_every_restore(tmp_path):
+  # The constructor's restore and a later one (a rollback's): each is
+  # followed by `restored_fn`; initialising from nothing is not.
+  step = tf.Variable(0, dtype=tf.int64)
+  rate = tf.Variable(0.001)
+  manager = tf.train.CheckpointManager(
+      tf.train.Checkpoint(step=step, rate=rate), str(tmp_path),
+      max_to_keep=5)
+  calls = []
+  controller_lib.Controller(
+      trainer=_WaitingTrainer(), global_step=step,
+      strategy=tf.distribute.get_strategy(), checkpoint_manager=manager,
+      steps_per_loop=1, restored_fn=lambda: calls.append(float(rate.numpy())))
+  assert calls == []
+  step.assign(3)
+  manager.save(checkpoint_number=3)
+  rate.assign(1e-12)
+  controller = controller_lib.Controller(
+      trainer=_WaitingTrainer(), global_step=step,
+      strategy=tf.distribute.get_strategy(), checkpoint_manager=manager,
+      steps_per_loop=1, restored_fn=lambda: calls.append(float(rate.numpy())))
+  controller.restore_checkpoint()
+  # Called once the checkpoint's value is in place.
+  assert calls == [pytest.approx(0.001)] * 2

@@ -57,3 +57,19 @@ def test_nothing_to_skip_keeps_the_pipeline():
   position = input_position.InputPosition(_Input(), read.append)
   assert position.skip(0) == 0
   assert read == []
+
+
+@pytest.mark.parametrize("discarded, batches, examples, first", [
+    (0, 53, 640, 636),  # 10 steps of 64: 53 batches of 12, 4 read again.
+    (2, 64, 768, 768),  # And 2 discarded batches of 64.
+])
+def test_a_new_batch_size_skips_the_examples_trained_on(
+    discarded, batches, examples, first):
+  position = input_position.InputPosition(_Input(), lambda dataset: None)
+  position.discarded_batches.assign(discarded)
+  iterator = iter(tf.data.Dataset.range(10000).batch(12))
+  assert position.rebase(iterator, 10, 64, 12) == (batches, examples)
+  # Never past an example not trained on yet.
+  assert int(next(iterator)[0]) == first
+  # A later skip (of steps at the new size) skips as many examples again.
+  assert (10 + int(position.discarded_batches.numpy())) == batches

@@ -33,7 +33,7 @@ loop, cadence and summaries unchanged.
 import contextlib
 import dataclasses
 import time
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import orbit
 import tensorflow as tf
@@ -63,10 +63,13 @@ class ControllerOptions:
       checkpoint manager's directory.
     partial_restore: Restore only what this run built (eval modes), without
       warning about the rest of the checkpoint.
+    input_stale_until: Restore no input position from checkpoints of steps
+      up to this one (saved with another batch size); -1: from all.
   """
   checkpoint_interval: Optional[int] = None
   restore_dir: Optional[str] = None
   partial_restore: bool = False
+  input_stale_until: int = -1
 
 
 class Controller(orbit.Controller):
@@ -91,6 +94,7 @@ class Controller(orbit.Controller):
                guard: Optional[rollback.NonFiniteGuard] = None,
                preemption: Optional[preemption_lib.PreemptionWatcher] = None,
                hooks: Sequence[loop_hooks.LoopHook] = (),
+               restored_fn: Optional[Callable[[], None]] = None,
                **kwargs):
     """Builds the controller; restores the newest checkpoint if there is one.
 
@@ -103,6 +107,9 @@ class Controller(orbit.Controller):
       hooks: Called around every loop of the own loop, in this order (see
         `trainer.loop_hooks`): the progress line and train summaries, the
         profile window, early stopping.
+      restored_fn: Called after every restore of a checkpoint (the first,
+        a rollback's), in the strategy scope: puts the configured optimizer
+        hyperparameters over the checkpoint's.
       **kwargs: Passed to `orbit.Controller` (trainer, evaluator,
         global_step, strategy, steps_per_loop, checkpoint_manager, actions,
         summary settings).
@@ -112,6 +119,7 @@ class Controller(orbit.Controller):
     self._guard = guard or rollback.NonFiniteGuard()
     self._preemption = preemption
     self._hooks = tuple(hooks)
+    self._restored_fn = restored_fn
     self._own_loop = callable(getattr(kwargs.get("trainer"), "loop_status",
                                       None))
     self.stop_reason: Optional[str] = None  # Why training stopped early.
@@ -181,7 +189,10 @@ class Controller(orbit.Controller):
       path = checkpoints.restore(
           self.checkpoint_manager, checkpoint_path,
           partial=self._options.partial_restore,
-          directory=self._options.restore_dir)
+          directory=self._options.restore_dir,
+          input_stale_until=self._options.input_stale_until)
+      if path and self._restored_fn is not None:
+        self._restored_fn()
     self._step = int(self.global_step.numpy())
     self._saves.restored(self._step, path)
     self.restored_path = path

@@ -6,7 +6,7 @@ discarded after a non-finite loss, counted in `discarded_batches` (which is
 checkpointed). Orbit keeps no input position of its own.
 """
 
-from typing import Callable
+from typing import Callable, Tuple
 
 import tensorflow as tf
 
@@ -17,9 +17,10 @@ class InputPosition:
   """The batches discarded, and the way back to the saved place.
 
   Attributes:
-    discarded_batches: Batches thrown away (after a non-finite loss);
-      checkpointed, so the input can be skipped to `global_step +
-      discarded_batches` on resume.
+    discarded_batches: Batches thrown away (after a non-finite loss), and
+      the batches a change of batch size added to or took from the count of
+      those read (`rebase`); checkpointed, so the input can be skipped to
+      `global_step + discarded_batches` on resume.
   """
 
   def __init__(self, train_input: inputs_lib.DistributedInput,
@@ -80,7 +81,37 @@ class InputPosition:
     self._read_from(self._input.build().skip(num_batches))
     return num_batches
 
+  def rebase(self, iterator, step: int, batch_size: int,
+             new_batch_size: int) -> Tuple[int, int]:
+    """Moves `iterator`, at the start of the input, past the examples that
+    batches of `batch_size` took up to `step`, in batches of
+    `new_batch_size`: a resume with another batch size.
+
+    Neither the checkpointed iterator (its batches have the old shape) nor
+    a skip of `step` batches (of the new size) finds the saved place. The
+    examples come in the same order whatever the batch, so skipping as many
+    examples does, to within a batch: never an example not trained on yet.
+    `discarded_batches` then counts the difference, so a later skip (a
+    resume, a rollback) skips as many examples again.
+
+    Returns:
+      The batches skipped and the examples trained on before.
+    """
+    examples = (step + int(self.discarded_batches.numpy())) * batch_size
+    batches = examples // new_batch_size
+    _advance(iterator, tf.constant(batches, tf.int64))
+    self.discarded_batches.assign(batches - step)
+    return batches, examples
+
   def discard(self, iterator) -> None:
     """Reads the next batch of `iterator` and throws it away."""
     next(iterator)
     self.discarded_batches.assign_add(1)
+
+
+@tf.function
+def _advance(iterator, count: tf.Tensor) -> None:
+  """Reads `count` batches of `iterator` and throws them away, in one call:
+  a Python loop of `next` costs a call per batch."""
+  for _ in tf.range(count):
+    next(iterator)

@@ -14,7 +14,7 @@ trainer, which schedules steps on workers, `trainer.parameter_server`.
 import contextlib
 import dataclasses
 import math
-from typing import ContextManager, Dict, Optional
+from typing import ContextManager, Dict, Optional, Tuple
 
 import orbit
 import tensorflow as tf
@@ -232,6 +232,14 @@ class TaskTrainer(orbit.StandardTrainer):
     discarded (`input_position.InputPosition.skip`); returns the number of
     batches skipped."""
     return self._position.skip(num_batches)
+
+  def rebase_input(self, step: int, batch_size: int,
+                   new_batch_size: int) -> Tuple[int, int]:
+    """Skips the examples that batches of `batch_size` took up to `step`,
+    in batches of `new_batch_size` (`input_position.InputPosition.rebase`);
+    returns the batches skipped and the examples trained on before."""
+    return self._position.rebase(self.train_iterator, step, batch_size,
+                                 new_batch_size)
 
   def discard_batch(self) -> None:
     """Reads the next training batch and throws it away."""

@@ -327,7 +327,8 @@ def _missing_models(checkpoint: tf.train.Checkpoint,
 
 def restore(manager: tf.train.CheckpointManager,
             path: Optional[str] = None, partial: bool = False,
-            directory: Optional[str] = None) -> Optional[str]:
+            directory: Optional[str] = None,
+            input_stale_until: int = -1) -> Optional[str]:
   """Restores `path`, or the newest restorable checkpoint, or initialises.
 
   Every tensor the restore reads is read first (`verify`), so a checkpoint
@@ -343,14 +344,19 @@ def restore(manager: tf.train.CheckpointManager,
       modes build no optimizer); otherwise every object built must match.
     directory: Where to look when it is not `manager.directory` (a
       non-chief worker restores the chief's checkpoints).
+    input_stale_until: Checkpoints of steps up to this one are restored
+      without their input position: saved with another batch size, it
+      would give batches of the old shape (the caller puts the input in
+      place).
 
   Returns:
     The restored prefix, or None when there was nothing to restore and
     `init_fn` ran instead.
 
   Raises:
-    errors.ConfigError: If the checkpoint belongs to a different model, or
-      no listed checkpoint could be restored.
+    errors.CheckpointMismatch: If the checkpoint belongs to a different
+      model.
+    errors.ConfigError: If no listed checkpoint could be restored.
   """
   paths = [path] if path else candidates(directory or manager.directory)
   if not paths:
@@ -362,7 +368,9 @@ def restore(manager: tf.train.CheckpointManager,
   failures = []
   for candidate in paths:
     try:
-      if not _restore_one(manager.checkpoint, candidate, partial):
+      with_input = number(candidate) > input_stale_until
+      if not _restore_one(manager.checkpoint, candidate, partial,
+                          with_input) and with_input:
         console.info(
             f"input | {os.path.basename(candidate)} holds no input position "
             "(saved where none can be checkpointed: parameter servers, "
@@ -401,7 +409,7 @@ def _raise_if_another_models(checkpoint: tf.train.Checkpoint, path: str,
   model's: no older checkpoint of the same directory would fit either.
 
   Raises:
-    errors.ConfigError: Naming what does not fit.
+    errors.CheckpointMismatch: Naming what does not fit.
   """
   mismatch = _missing_models(checkpoint, path)
   if not mismatch and shape_mismatch(error):
@@ -410,7 +418,7 @@ def _raise_if_another_models(checkpoint: tf.train.Checkpoint, path: str,
     mismatch = f"it {absent}" if absent else shape_mismatch(error)
   mismatch = mismatch or _mismatch(error)
   if mismatch:
-    raise errors.ConfigError(
+    raise errors.CheckpointMismatch(
         f"checkpoint {path} does not fit this model: {mismatch}.") from error
 
 
@@ -419,8 +427,9 @@ INPUT_POSITION = "train_iterator"
 
 
 def _restore_one(checkpoint: tf.train.Checkpoint, path: str,
-                 partial: bool) -> bool:
-  """Restores `path` into `checkpoint`'s objects.
+                 partial: bool, with_input: bool = True) -> bool:
+  """Restores `path` into `checkpoint`'s objects; its input position only
+  `with_input`.
 
   Returns:
     False if this run checkpoints its input position but `path` holds none
@@ -430,7 +439,7 @@ def _restore_one(checkpoint: tf.train.Checkpoint, path: str,
   position_restored = INPUT_POSITION not in children or any(
       name.startswith(f"{INPUT_POSITION}/")
       for name, _ in tf.train.list_variables(path))
-  if not position_restored:
+  if not position_restored or not with_input:
     # A checkpoint of a run whose input position could not be saved, read
     # by one that saves it: everything else must still match. (The save
     # counter is the Checkpoint's own; saves here are numbered by step.)
