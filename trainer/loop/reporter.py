@@ -1,5 +1,6 @@
 """The progress line and the train summaries after each loop: a loop hook."""
 
+import math
 import time
 from typing import Callable, Dict, Optional
 
@@ -23,11 +24,15 @@ def format_duration(seconds: float) -> str:
 
 
 def progress_line(step: int, train_steps: int, steps_per_second: float,
-                  examples_per_second: float, loss: float,
+                  examples_per_second: float, loss: Optional[float],
                   eta_seconds: Optional[float]) -> str:
-  """Returns the one-line training progress report."""
+  """Returns the one-line training progress report (loss `?` where the
+  runner reports none)."""
   eta = "?" if eta_seconds is None else format_duration(eta_seconds)
-  loss_text = f"{loss:.4f}" if np.isfinite(loss) else str(loss)
+  if loss is None:
+    loss_text = "?"
+  else:
+    loss_text = f"{loss:.4f}" if math.isfinite(loss) else str(loss)
   width = len(str(train_steps))
   return (f"train | step {step:{width}d}/{train_steps} | "
           f"{steps_per_second:7.1f} steps/s | "

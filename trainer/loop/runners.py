@@ -43,7 +43,8 @@ class LoopStatus:
   """What a training loop reports to the host.
 
   Attributes:
-    loss: The mean loss of the loop's steps.
+    loss: The mean loss of the loop's steps; None where the runner has none
+      (a plain Orbit runner whose output has no `loss`).
     nonfinite_step: The step whose loss was not finite (the loop stopped
       after it), or -1.
     learning_rate: The learning rate after the loop if it follows a
@@ -51,7 +52,7 @@ class LoopStatus:
     step: The global step after the loop, read with the rest; None where
       the runner does not report it (the controller then reads it).
   """
-  loss: float
+  loss: Optional[float]
   nonfinite_step: int
   learning_rate: Optional[float]
   step: Optional[int] = None
