@@ -272,10 +272,15 @@ class Controller(orbit.Controller):
           self._saves.newest() is None):
         # A rollback needs a checkpoint to go back to, even at step 0.
         self._maybe_save_checkpoint(check_interval=False, force=True)
-      while self._step < steps and not self._stop_early():
+      # What is not due after a loop costs no call: a save before its
+      # step, a stop no hook can ask for, a watcher that is not there.
+      while self._step < steps and not (self._stopping_hooks and
+                                        self._stop_early()):
         self._train_n_steps(self._next_loop_steps(steps))
-        self._maybe_save_checkpoint()
-        self._check_preemption()
+        if self._step >= self._saves.next_due:
+          self._maybe_save_checkpoint()
+        if self._preemption is not None:
+          self._check_preemption()
       for hook in self._hooks:  # Once a call: not worth a list of its own.
         hook.end(self._step)
       if checkpoint_at_completion or self.stop_reason:
