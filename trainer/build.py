@@ -178,7 +178,20 @@ def trainer(task: task_lib.Task, train_state: state_lib.TrainState,
       train_input, train_state.global_step, run_eagerly=runtime.run_eagerly,
       enable_xla=runtime.enable_xla,
       step_options=_step_options(task, train_state, config),
+      model_options=_model_options(train_state, config),
       check_loss_scaling=config.check_loss_scaling)
+
+
+def _model_options(train_state: state_lib.TrainState,
+                   config: TrainerConfig
+                   ) -> Optional[Dict[str, gradients.StepOptions]]:
+  """With several models, each one's clipping (bound under its name, else
+  the run's), by name: what `trainer.minimize` applies with its optimizer;
+  None with one model (the default step takes `_step_options`)."""
+  if not named.several(train_state.optimizer):
+    return None
+  return {name: state_lib.scoped_clipping(name, config)
+          for name in train_state.optimizer}
 
 
 def _step_options(task: task_lib.Task, train_state: state_lib.TrainState,

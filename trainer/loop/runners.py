@@ -77,6 +77,7 @@ class TaskTrainer(orbit.StandardTrainer):
                global_step: tf.Variable, *, run_eagerly: bool = False,
                enable_xla: bool = False,
                step_options: Optional[gradients.StepOptions] = None,
+               model_options: Optional[Dict[str, gradients.StepOptions]] = None,
                check_loss_scaling: bool = False):
     """Builds the trainer.
 
@@ -91,6 +92,8 @@ class TaskTrainer(orbit.StandardTrainer):
       enable_xla: Compile the per-replica step with XLA.
       step_options: Micro-batches and clipping for the default
         `Task.train_step`.
+      model_options: With several models, each one's clipping by name, which
+        `trainer.minimize` applies with its optimizer.
       check_loss_scaling: Check an overridden `train_step`'s loss scaling
         on the first step of a new run (`trainer.loss_scaling`).
 
@@ -115,7 +118,8 @@ class TaskTrainer(orbit.StandardTrainer):
         self.task, self.model, self.optimizer, self.metrics,
         step_options or gradients.StepOptions(),
         per_replica_batch_size=train_input.per_replica_batch_size,
-        num_replicas=strategy.num_replicas_in_sync, enable_xla=enable_xla)
+        num_replicas=strategy.num_replicas_in_sync, enable_xla=enable_xla,
+        model_options=model_options)
     super().__init__(self._train_dataset())
 
   def _create_loop_variables(self, check_loss_scaling: bool) -> None:

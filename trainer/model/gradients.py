@@ -12,7 +12,6 @@ batch, identical on every replica, whatever the replica count.
 import contextlib
 import dataclasses
 import threading
-import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import tensorflow as tf
@@ -219,14 +218,23 @@ def recording_norms() -> Iterator[Dict[int, tf.Tensor]]:
     _RECORDED.norms = None
 
 
-# Optimizer -> the options `minimize` applies with it by default: what gin
-# binds for its model (`discriminator/trainer.gradient_clip_norm`).
-_OPTIONS = weakref.WeakKeyDictionary()
+class OptimizerWithOptions:
+  """One model's optimizer with the options `minimize` applies with it.
 
+  What a `train_step` of several models gets for each (`optimizer[name]`):
+  the clipping gin binds for the model (`discriminator/trainer.gradient_clip_
+  norm`) travels with the optimizer into `minimize`, as an argument, not in
+  a table kept beside it. Any other attribute is the optimizer's own
+  (`optimizer["generator"].iterations`); `optimizer` is the optimizer itself.
+  """
 
-def set_options(optimizer, options: StepOptions) -> None:
-  """Makes `options` what `minimize` clips `optimizer`'s gradients with."""
-  _OPTIONS[optimizer] = options
+  def __init__(self, optimizer, options: StepOptions):
+    self.optimizer = optimizer
+    self.options = options
+
+  def __getattr__(self, name: str):
+    # Only for what the instance lacks: `optimizer` and `options` are its own.
+    return getattr(self.optimizer, name)
 
 
 def minimize(tape: tf.GradientTape, loss: tf.Tensor, variables,
@@ -236,10 +244,11 @@ def minimize(tape: tf.GradientTape, loss: tf.Tensor, variables,
   Takes the gradient of `loss` (this replica's share of the global-batch
   mean, as `tf.nn.compute_average_loss` gives) recorded on `tape` with
   respect to `variables`, scaled and unscaled for a float16 loss-scale
-  optimizer, sums it over replicas, clips it (`options`; by default what
-  gin binds for the optimizer's model: `trainer.gradient_clip_norm` /
-  `_value`, or under the model's name, `generator/trainer.gradient_clip_norm`)
-  and applies it. Use a persistent tape when several losses come from one
+  optimizer, sums it over replicas, clips it (`options`; by default those
+  the framework gives with the optimizer, an `OptimizerWithOptions`: what gin
+  binds for its model, `trainer.gradient_clip_norm` / `_value`, or under the
+  model's name, `generator/trainer.gradient_clip_norm`; none for a plain
+  optimizer) and applies it. Use a persistent tape when several losses come from one
   forward pass.
 
   Under `trainer.gradient_accumulation_steps` (K > 1) the framework runs the
@@ -253,6 +262,10 @@ def minimize(tape: tf.GradientTape, loss: tf.Tensor, variables,
     gradient on this replica (the framework reports the applied one's).
   """
   variables = list(variables)
+  if isinstance(optimizer, OptimizerWithOptions):
+    options = options or optimizer.options
+    optimizer = optimizer.optimizer
+  options = options or StepOptions()
   scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
   target = loss
   if scaled:
@@ -261,7 +274,6 @@ def minimize(tape: tf.GradientTape, loss: tf.Tensor, variables,
   grads = tape.gradient(target, variables)
   if scaled:
     grads = optimizer.get_unscaled_gradients(grads)
-  options = options or _OPTIONS.get(optimizer, StepOptions())
   deferred = getattr(_DEFERRED, "updates", None)
   if deferred is not None:
     deferred.append(Update(optimizer, variables, list(grads), options))
