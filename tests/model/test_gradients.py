@@ -164,3 +164,26 @@ def test_minimize_clips_with_the_options_that_come_with_the_optimizer():
   assert step(options=clip) == (3.0, -1.0)
   assert step(with_optimizer=clip,
               options=gradients.StepOptions()) == (3.0, -3.0)
+
+
+def test_minimize_reports_to_the_record_that_comes_with_the_optimizer():
+  weight = tf.Variable(0.0)
+  sgd = tf_keras.optimizers.SGD(1.0)
+
+  def minimize(record):
+    with tf.GradientTape() as tape:
+      loss = 3.0 * weight
+    gradients.minimize(tape, loss, [weight], gradients.OptimizerWithOptions(
+        sgd, gradients.StepOptions(), record))
+
+  applied = gradients.StepRecord()
+  minimize(applied)
+  assert float(weight.numpy()) == -3.0
+  assert {key: float(norm) for key, norm in applied.norms.items()} == {
+      id(sgd): 3.0}
+  # Under micro-batches the update is kept, not applied.
+  kept = gradients.StepRecord(updates=[])
+  minimize(kept)
+  assert float(weight.numpy()) == -3.0 and not kept.norms
+  [update] = kept.updates
+  assert update.optimizer is sgd and float(update.grads[0]) == 3.0

@@ -8,7 +8,7 @@ each model's gradient norm.
 """
 
 import dataclasses
-from typing import Callable, Mapping, Optional
+from typing import Callable, Dict, Mapping, Optional
 
 import tensorflow as tf
 import tf_keras
@@ -103,14 +103,8 @@ class _TaskStep:
     self._model = model
     self._optimizer = optimizer
     self._metrics = metrics
-    # With several models, what `train_step` gets: each optimizer with the
-    # options `trainer.minimize` applies with it.
-    self._step_optimizer = optimizer
-    if named.several(optimizer):
-      self._step_optimizer = {
-          name: gradients.OptimizerWithOptions(
-              each, model_options.get(name, gradients.StepOptions()))
-          for name, each in optimizer.items()}
+    # With several models, each one's options for `trainer.minimize`.
+    self._model_options = model_options
     # Only the default `train_step` takes `options`; others get nothing.
     self._kwargs = ({} if task_lib.overrides(task, "train_step")
                     else {"options": options})
@@ -123,14 +117,24 @@ class _TaskStep:
                                    self._metrics, **self._kwargs)
     if self._accumulation_steps > 1:
       logs, norms = gradients.accumulate_updates(
-          lambda batch: self._task.train_step(
-              batch, self._model, self._step_optimizer, self._metrics),
+          lambda batch, record: self._task.train_step(
+              batch, self._model, self._optimizers(record), self._metrics),
           inputs, self._accumulation_steps)
       return self._with_norms(logs, norms)
-    with gradients.recording_norms() as norms:
-      logs = self._task.train_step(inputs, self._model, self._step_optimizer,
-                                   self._metrics, **self._kwargs)
-    return self._with_norms(logs, norms)
+    record = gradients.StepRecord()
+    logs = self._task.train_step(inputs, self._model,
+                                 self._optimizers(record), self._metrics,
+                                 **self._kwargs)
+    return self._with_norms(logs, record.norms)
+
+  def _optimizers(self, record: gradients.StepRecord
+                  ) -> Dict[str, gradients.OptimizerWithOptions]:
+    """What a `train_step` of several models gets: each optimizer with the
+    options `trainer.minimize` applies with it and the step's `record`,
+    where `minimize` reports (traced once: no cost per step)."""
+    return {name: gradients.OptimizerWithOptions(
+        each, self._model_options.get(name, gradients.StepOptions()),
+        record) for name, each in self._optimizer.items()}
 
   @graph_code.written_for_graphs
   def _with_norms(self, logs, norms):
