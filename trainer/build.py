@@ -178,7 +178,20 @@ def trainer(task: task_lib.Task, train_state: state_lib.TrainState,
       train_input, train_state.global_step, run_eagerly=runtime.run_eagerly,
       enable_xla=runtime.enable_xla,
       step_options=_step_options(task, train_state, config),
+      model_options=_model_options(train_state, config),
       check_loss_scaling=config.check_loss_scaling)
+
+
+def _model_options(train_state: state_lib.TrainState,
+                   config: TrainerConfig
+                   ) -> Optional[Dict[str, gradients.StepOptions]]:
+  """With several models, each one's clipping (bound under its name, else
+  the run's), by name: what `trainer.minimize` applies with its optimizer;
+  None with one model (the default step takes `_step_options`)."""
+  if not named.several(train_state.optimizer):
+    return None
+  return {name: state_lib.scoped_clipping(name, config)
+          for name in train_state.optimizer}
 
 
 def _step_options(task: task_lib.Task, train_state: state_lib.TrainState,
@@ -312,13 +325,23 @@ def controller(built: Parts, write_dir: str, *,
         evaluated_fn=(
             (lambda: continuous_eval.read_evaluated(write_dir))
             if training and config.keep_until_evaluated else None))
-  collaborators = {}
+  found = None
+
+  def restored_path() -> Optional[str]:
+    # Asked only after an evaluation, so once the controller exists.
+    return found.restored_path
+
+  train = _TrainingCollaborators()
   if training:
-    collaborators = _training_collaborators(built, write_dir, watcher,
-                                            stopper)
+    train = _training_collaborators(built, write_dir, stopper)
   found = controller_lib.Controller(
       global_step=train_state.global_step, trainer=built.trainer,
       evaluator=built.evaluator, strategy=train_state.strategy,
+      train_actions=train.actions,
+      eval_actions=_eval_actions(built, restored_path, write_dir, stopper),
+      # `trainer.steps_per_loop`: each `trainer.train(num_steps)` call runs
+      # at most this many steps, and loops end at its multiples.
+      steps_per_loop=config.steps_per_loop if training else None,
       checkpoint_manager=manager,
       eval_summary_dir=(os.path.join(write_dir, "eval")
                         if built.evaluating else None),
@@ -326,21 +349,32 @@ def controller(built: Parts, write_dir: str, *,
           checkpoint_interval=config.checkpoint_interval if saves else None,
           restore_dir=restore_dir, partial_restore=not training,
           input_stale_until=input_stale_until),
-      **collaborators)
-  # Added once the controller exists: keeping the best checkpoint of an
-  # evaluated checkpoint on disk copies the one the controller restored.
-  found.eval_actions = tuple(
-      _eval_actions(built, found, write_dir, stopper))
+      guard=train.guard, preemption=watcher if training else None,
+      hooks=train.hooks,
+      # The run's settings, not the checkpoint's, after every restore.
+      restored_fn=train_state.assign_hyperparameters if training else None)
   return found
+
+
+@dataclasses.dataclass(frozen=True)
+class _TrainingCollaborators:
+  """The controller's arguments that only training needs.
+
+  Attributes:
+    actions: Called after every loop with the runner's output.
+    guard: What a non-finite loss does; None: the controller's default.
+    hooks: Around every loop, in the order they report.
+  """
+  actions: Tuple[Callable[[Any], None], ...] = ()
+  guard: Optional[rollback.NonFiniteGuard] = None
+  hooks: Tuple[Any, ...] = ()
 
 
 def _training_collaborators(
     built: Parts, write_dir: str,
-    watcher: Optional[preemption.PreemptionWatcher],
-    stopper: Optional[actions.EarlyStopping]) -> Dict[str, Any]:
-  """Returns the controller's arguments that only training needs: the loop
-  length, the train actions and the collaborators around a loop (the hooks
-  in the order they report: progress line, profile, early stopping)."""
+    stopper: Optional[actions.EarlyStopping]) -> _TrainingCollaborators:
+  """Returns the train actions, the guard and the hooks around a loop (in
+  the order they report: progress line, profile, early stopping)."""
   config, train_state = built.config, built.state
   writer = summaries.LazyWriter(os.path.join(write_dir, "train"))
   hooks = [reporter.TrainReporter(
@@ -353,27 +387,26 @@ def _training_collaborators(
                                         os.path.join(write_dir, "train")))
   if stopper is not None:
     hooks.append(stopper)
-  return dict(
-      steps_per_loop=config.steps_per_loop,
-      # The run's settings, not the checkpoint's, after every restore.
-      restored_fn=train_state.assign_hyperparameters,
-      train_actions=[
-          actions.OperativeConfigWriter(write_dir, writer),
-          actions.StatefulRandomCheck(built.trainer.traced_loop,
-                                      built.runtime.deterministic)],
+  return _TrainingCollaborators(
+      actions=(actions.OperativeConfigWriter(write_dir, writer),
+               actions.StatefulRandomCheck(built.trainer.traced_loop,
+                                           built.runtime.deterministic)),
       guard=rollback.NonFiniteGuard(
           config.on_nonfinite, config.max_rollbacks,
           finite_fn=train_state.all_finite,
           resume_input_fn=built.resume_input_fn),
-      preemption=watcher,
-      hooks=hooks)
+      hooks=tuple(hooks))
 
 
-def _eval_actions(built: Parts, found: controller_lib.Controller,
+def _eval_actions(built: Parts, restored_path: Callable[[], Optional[str]],
                   write_dir: str,
                   stopper: Optional[actions.EarlyStopping]) -> List[Any]:
   """Returns the actions after each evaluation: best checkpoint, early
-  stopping, the eval images, the record of evaluated steps."""
+  stopping, the eval images, the record of evaluated steps.
+
+  `restored_path` returns the checkpoint the controller restored last: an
+  evaluated checkpoint on disk is kept as the best by copying it.
+  """
   if not built.evaluating:
     return []
   chosen = []
@@ -383,7 +416,7 @@ def _eval_actions(built: Parts, found: controller_lib.Controller,
       if built.training:
         built.checkpoint.write(prefix)
       else:  # Evaluating a checkpoint on disk: copy it, optimizer and all.
-        checkpoints.copy(found.restored_path, prefix)
+        checkpoints.copy(restored_path(), prefix)
 
     chosen.append(actions.BestCheckpoint(
         write_dir, built.config.best_checkpoint, step_fn=built.state.step,

@@ -316,11 +316,10 @@ def _build_several(task: task_lib.Task, models: Dict[str, tf_keras.Model],
     if config.ema.model == name:
       optimizer = ema.add(optimizer, model, config.ema)
     optimizers[name] = precision.wrap_optimizer(optimizer, runtime)
-    gradients.set_options(optimizers[name], _scoped_clipping(name, config))
   return optimizers
 
 
-def _scoped_clipping(name: str, config: config_lib.TrainerConfig
+def scoped_clipping(name: str, config: config_lib.TrainerConfig
                      ) -> gradients.StepOptions:
   """The clipping of model `name`'s gradients: `trainer.gradient_clip_*`
   bound under its name (`discriminator/trainer.gradient_clip_norm`), else

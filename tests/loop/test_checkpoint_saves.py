@@ -40,6 +40,22 @@ def test_saves_when_the_step_crosses_a_multiple(tmp_path, capsys):
   assert saves.newest() == str(tmp_path / "ckpt-31")
 
 
+def test_the_next_due_step_is_the_next_multiple_after_a_save(tmp_path):
+  saves = _saves(tmp_path)
+  assert saves.next_due == 10
+  due = []
+  for step in (5, 12, 15, 20, 31):
+    # The controller asks only from `next_due` on: the same saves.
+    if step >= saves.next_due:
+      saves.save_if_due(step)
+    due.append(saves.next_due)
+  assert due == [10, 20, 20, 30, 40]
+  assert _saved_steps(tmp_path) == [12, 20, 31]
+  saves.restored(7, None)  # A rollback to step 7.
+  assert saves.next_due == 10
+  assert _saves(tmp_path / "none", interval=None).next_due == float("inf")
+
+
 def test_a_final_save_is_once_per_step_unless_forced(tmp_path):
   saves = _saves(tmp_path)
   assert saves.save_if_due(5, check_interval=False)

@@ -2,7 +2,8 @@
 tf-models-official), run against our `Controller`, twice.
 
 With plain Orbit runners (no `loop_status`) our Controller must behave as
-Orbit's: an Orbit user can bring their own `StandardTrainer`.
+Orbit's: an Orbit user can bring their own `StandardTrainer`, which our one
+loop drives through `orbit_adapter.OrbitRunnerAdapter`.
 
 With the same runners given the capabilities that switch on our own loop
 (`loop_status`, `discard_batch`, `read_and_reset_metrics`, `in_loop`), built
@@ -21,6 +22,7 @@ from orbit import controller_test
 import tensorflow as tf
 
 from trainer.loop import controller as controller_lib
+from trainer.loop import orbit_adapter
 from trainer.loop import runners
 
 # The test module builds every controller as `controller.Controller(...)`
@@ -32,9 +34,46 @@ _ours.Controller = controller_lib.Controller
 controller_test.controller = _ours
 
 
-class OrbitControllerTest(controller_test.ControllerTest):
-  """Every test of `orbit.controller_test.ControllerTest`, on ours."""
+# Orbit's tests that build a trainer but never train (or build none).
+_NOT_TRAINING = ("test_already_trained_model", "test_evaluate_only",
+                 "test_no_eval_steps", "test_evaluate_with_loss_output",
+                 "test_evaluate_with_no_output",
+                 "test_evaluate_with_nested_summaries")
 
+def _check_every_loop_was_ours(test, calls: collections.Counter) -> None:
+  """Every loop went through our loop, which reads the status once; a test
+  that trains trained."""
+  name = test._testMethodName  # pylint: disable=protected-access
+  test.assertEqual(calls["loop_status"], calls["train"], name)
+  if name.startswith(_NOT_TRAINING):
+    test.assertEqual(calls["train"], 0, name)
+  else:
+    test.assertGreater(calls["train"], 0, name)
+
+
+class OrbitControllerTest(controller_test.ControllerTest):
+  """Every test of `orbit.controller_test.ControllerTest`, on ours: each
+  test that trains takes our loop, through the adapter, for every loop."""
+
+  def setUp(self):
+    super().setUp()
+    self._adapter_calls = collections.Counter()
+    adapter = orbit_adapter.OrbitRunnerAdapter
+    self._adapter_methods = {name: getattr(adapter, name)
+                             for name in ("train", "loop_status")}
+    for name, method in self._adapter_methods.items():
+
+      def counted(runner, *args, _name=name, _method=method):
+        self._adapter_calls[_name] += 1
+        return _method(runner, *args)
+
+      setattr(adapter, name, counted)
+
+  def tearDown(self):
+    for name, method in self._adapter_methods.items():
+      setattr(orbit_adapter.OrbitRunnerAdapter, name, method)
+    _check_every_loop_was_ours(self, self._adapter_calls)
+    super().tearDown()
 
 
 def test_the_orbit_tests_build_our_controller():
@@ -102,12 +141,6 @@ class FastTestTrainerWithSummaries(_FastLoopCapabilities,
 fast_test.TestRunner = FastTestRunner
 fast_test.TestTrainerWithSummaries = FastTestTrainerWithSummaries
 
-# Orbit's tests that build a trainer but never train (or build none).
-_NOT_TRAINING = ("test_already_trained_model", "test_evaluate_only",
-                 "test_no_eval_steps", "test_evaluate_with_loss_output",
-                 "test_evaluate_with_no_output",
-                 "test_evaluate_with_nested_summaries")
-
 
 class OrbitControllerFastLoopTest(fast_test.ControllerTest):
   """Every test of `orbit.controller_test.ControllerTest`, on our own loop:
@@ -118,13 +151,7 @@ class OrbitControllerFastLoopTest(fast_test.ControllerTest):
     _calls.clear()
 
   def tearDown(self):
-    name = self._testMethodName
-    # Every loop went through our own loop, which reads the status once.
-    self.assertEqual(_calls["loop_status"], _calls["train"], name)
-    if name.startswith(_NOT_TRAINING):
-      self.assertEqual(_calls["train"], 0, name)
-    else:
-      self.assertGreater(_calls["train"], 0, name)
+    _check_every_loop_was_ours(self, _calls)
     super().tearDown()
 
 

@@ -4,6 +4,7 @@ replicas, the global norm and clipping, checked against hand computations."""
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 import trainer
 from trainer import experiment
@@ -139,3 +140,50 @@ def test_clip_keeps_a_non_finite_norm_visible():
   clipped = gradients.clip([tf.constant([1.0, float("inf")])],
                            tf.constant(float("inf")), options)
   assert np.all(np.isnan(clipped[0].numpy()))
+
+
+def test_minimize_clips_with_the_options_that_come_with_the_optimizer():
+  # Gradient 3 of loss 3 * w at w = 0, one SGD step of rate 1: clipped to
+  # norm 1 only where the options say so, with the optimizer or as an
+  # argument (which wins).
+  clip = gradients.StepOptions(clip_norm=1.0)
+
+  def step(with_optimizer=None, options=None):
+    weight = tf.Variable(0.0)
+    optimizer = tf_keras.optimizers.SGD(1.0)
+    if with_optimizer is not None:
+      optimizer = gradients.OptimizerWithOptions(optimizer, with_optimizer)
+      assert optimizer.iterations is optimizer.optimizer.iterations
+    with tf.GradientTape() as tape:
+      loss = 3.0 * weight
+    norm = gradients.minimize(tape, loss, [weight], optimizer, options)
+    return float(norm), float(weight.numpy())
+
+  assert step() == (3.0, -3.0)
+  assert step(with_optimizer=clip) == (3.0, -1.0)
+  assert step(options=clip) == (3.0, -1.0)
+  assert step(with_optimizer=clip,
+              options=gradients.StepOptions()) == (3.0, -3.0)
+
+
+def test_minimize_reports_to_the_record_that_comes_with_the_optimizer():
+  weight = tf.Variable(0.0)
+  sgd = tf_keras.optimizers.SGD(1.0)
+
+  def minimize(record):
+    with tf.GradientTape() as tape:
+      loss = 3.0 * weight
+    gradients.minimize(tape, loss, [weight], gradients.OptimizerWithOptions(
+        sgd, gradients.StepOptions(), record))
+
+  applied = gradients.StepRecord()
+  minimize(applied)
+  assert float(weight.numpy()) == -3.0
+  assert {key: float(norm) for key, norm in applied.norms.items()} == {
+      id(sgd): 3.0}
+  # Under micro-batches the update is kept, not applied.
+  kept = gradients.StepRecord(updates=[])
+  minimize(kept)
+  assert float(weight.numpy()) == -3.0 and not kept.norms
+  [update] = kept.updates
+  assert update.optimizer is sgd and float(update.grads[0]) == 3.0

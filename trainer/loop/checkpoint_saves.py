@@ -11,6 +11,7 @@ comes: one at a time. No save writes non-finite variables (the guard
 refuses them) or into a model_dir replaced during the run.
 """
 
+import math
 import os
 import threading
 from typing import Callable, Optional
@@ -29,6 +30,8 @@ class CheckpointSaves:
     last_saved_step: The step saved (or restored) last; None before the
       first restore.
     newest_step: The newest checkpoint's step; None: none.
+    next_due: The first step that `save_if_due` saves at (infinity: none),
+      so a caller asks only then.
   """
 
   def __init__(self, guard: rollback.NonFiniteGuard,
@@ -50,6 +53,7 @@ class CheckpointSaves:
     self._manager_fn = manager_fn
     self.last_saved_step: Optional[int] = None
     self.newest_step: Optional[int] = None
+    self.next_due: float = math.inf
     self._lock = threading.Lock()
     self._directory_identity = None
 
@@ -57,6 +61,14 @@ class CheckpointSaves:
     """Records the restore of `path` (None: nothing restored) at `step`."""
     self.last_saved_step = step
     self.newest_step = step if path else None
+    self._set_next_due()
+
+  def _set_next_due(self) -> None:
+    """The next interval multiple after the last save (or restore)."""
+    interval = self.interval()
+    self.next_due = math.inf
+    if interval is not None and self._manager_fn() is not None:
+      self.next_due = (self.last_saved_step // interval + 1) * interval
 
   def watch_directory(self) -> None:
     """Remembers the manager's directory, to notice its replacement."""
@@ -107,6 +119,7 @@ class CheckpointSaves:
       path = manager.save(checkpoint_number=step, check_interval=False)
       self.last_saved_step = step
       self.newest_step = step
+      self._set_next_due()
     console.info(f"saved checkpoint {path}")
     return True
 

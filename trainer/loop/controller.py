@@ -7,33 +7,36 @@ the preemption watcher's, and its hooks' (`loop_hooks.LoopHook`: the
 progress line and train summaries, the profile window, early stopping),
 which it calls around every loop in the order `trainer.loop_hooks` gives.
 
-Everything but the per-loop hot path is `orbit.Controller`'s own: `evaluate`,
-eval summaries and actions. `train` and `_train_n_steps` are replaced
-because Orbit's per-loop reads, conversions and summary writes keep raw
-Orbit at about half the speed of a bare `tf.function` loop at
-`steps_per_loop=1`, and it prints an unformatted dict: here a loop costs one
-`tf.function` call and one small read (`fast_loop`). Saves fall at interval
-multiples, one at a time (`checkpoint_saves`). `train_and_evaluate` is
-replaced to evaluate at multiples of the interval and to stop early;
-`restore_checkpoint` to fall back past damaged checkpoints.
+Orbit's `evaluate_continuously`, `save_checkpoint` and summary managers are
+kept. `train` and `_train_n_steps` are replaced because Orbit's per-loop
+reads, conversions and summary writes keep raw Orbit at about half the speed
+of a bare `tf.function` loop at `steps_per_loop=1`, and it prints an
+unformatted dict: here a loop costs one `tf.function` call and one small
+read (`fast_loop`), and work that is not due at a loop (a save, a hook that
+only cuts loops or asks to stop) costs no call. Saves fall at interval
+multiples, one at a time (`checkpoint_saves`). `evaluate` prints one
+formatted line; `train_and_evaluate` evaluates at multiples of the interval
+and stops early; `restore_checkpoint` falls back past damaged checkpoints.
 
-The own loop keeps Orbit's contract (tests/loop/test_orbit_controller.py runs
-Orbit's controller tests on it): with a `summary_dir` (or `summary_manager`)
-the runner trains under that writer and Orbit's `summary_interval`
-(`tf.summary.record_if`), and its output with `steps_per_second` is written
-after every loop; train actions get the runner's output; a loop that did not
-advance the global step by its steps is reported; saves follow the checkpoint
-manager's interval unless `ControllerOptions` sets one. The framework passes
-no `summary_dir`: its train summaries are the reporter's, in `train/`.
-
-A runner without `loop_status` (any `orbit.AbstractTrainer`) gets Orbit's own
-loop, cadence and summaries unchanged.
+There is one loop, for every runner: one without the loop's capabilities
+(any plain `orbit.AbstractTrainer`) is wrapped in an
+`orbit_adapter.OrbitRunnerAdapter` built on its own `train` and output.
+The loop keeps Orbit's contract (tests/loop/test_orbit_controller.py runs
+Orbit's controller tests on it, with Orbit's plain runners and with capable
+ones): with a `summary_dir` (or `summary_manager`) the runner trains under
+that writer and Orbit's `summary_interval` (`tf.summary.record_if`), and its
+output with `steps_per_second` is written after every loop; train actions get
+the runner's output; a loop that did not advance the global step by its
+steps is reported; saves follow the checkpoint manager's interval unless
+`ControllerOptions` sets one. The framework passes no `summary_dir`: its
+train summaries are the reporter's, in `train/`.
 """
 
 import contextlib
 import dataclasses
 import time
-from typing import Callable, Iterator, Optional, Sequence
+from typing import (Any, Callable, Iterable, Iterator, Optional, Sequence,
+                    Tuple, Union)
 
 import orbit
 import tensorflow as tf
@@ -42,6 +45,7 @@ from trainer import console
 from trainer.loop import checkpoint_saves
 from trainer.loop import fast_loop
 from trainer.loop import hooks as loop_hooks
+from trainer.loop import orbit_adapter
 from trainer.loop import preemption as preemption_lib
 from trainer.loop import rollback
 from trainer.report import run_report
@@ -90,29 +94,71 @@ class Controller(orbit.Controller):
   controller's contract, not a hook's.
   """
 
-  def __init__(self, *, options: ControllerOptions = ControllerOptions(),
-               guard: Optional[rollback.NonFiniteGuard] = None,
-               preemption: Optional[preemption_lib.PreemptionWatcher] = None,
-               hooks: Sequence[loop_hooks.LoopHook] = (),
-               restored_fn: Optional[Callable[[], None]] = None,
-               **kwargs):
+  def __init__(
+      self, *,
+      global_step: tf.Variable,
+      trainer: Optional[orbit.AbstractTrainer] = None,
+      evaluator: Optional[orbit.AbstractEvaluator] = None,
+      strategy: Optional[tf.distribute.Strategy] = None,
+      train_actions: Iterable[Callable[[Any], None]] = (),
+      eval_actions: Iterable[Callable[[Any], None]] = (),
+      steps_per_loop: Optional[Union[int, Callable[[int], int]]] = None,
+      checkpoint_manager: Optional[tf.train.CheckpointManager] = None,
+      enable_async_checkpointing: bool = False,
+      summary_interval: Optional[int] = None,
+      summary_dir: Optional[str] = None,
+      eval_summary_dir: Optional[str] = None,
+      summary_manager: Optional[orbit.utils.SummaryManagerInterface] = None,
+      eval_summary_manager: Optional[
+          orbit.utils.SummaryManagerInterface] = None,
+      options: ControllerOptions = ControllerOptions(),
+      guard: Optional[rollback.NonFiniteGuard] = None,
+      preemption: Optional[preemption_lib.PreemptionWatcher] = None,
+      hooks: Sequence[loop_hooks.LoopHook] = (),
+      restored_fn: Optional[Callable[[], None]] = None):
     """Builds the controller; restores the newest checkpoint if there is one.
 
+    The arguments from `global_step` to `eval_summary_manager` are
+    `orbit.Controller`'s, with its meaning.
+
     Args:
+      global_step: The global step, a `tf.Variable`.
+      trainer: Runs the training loops (`train(num_steps)`). One without the
+        loop's capabilities (`orbit_adapter.CAPABILITIES`) is wrapped in an
+        adapter built on its own `train` and output.
+      evaluator: Runs evaluations (`evaluate(num_steps)`).
+      strategy: The distribution strategy (default: the one in scope).
+      train_actions: Called after every loop with the runner's output.
+      eval_actions: Called after every evaluation with its output.
+      steps_per_loop: Steps per `trainer.train` call (or a function of the
+        global step that returns them); required with a `trainer`. Loops
+        end at its multiples.
+      checkpoint_manager: Saves and restores; None: neither.
+      enable_async_checkpointing: Saves in the background (Orbit's).
+      summary_interval: The step interval at which `tf.summary` calls inside
+        the runner's loop record, with a `summary_dir` or `summary_manager`.
+      summary_dir: Where Orbit's train summaries go (the runner's output
+        and `steps_per_second` after every loop); None: nowhere.
+      eval_summary_dir: Where the eval summaries go (default: `summary_dir`).
+      summary_manager: Orbit's train summary manager, in place of
+        `summary_dir`.
+      eval_summary_manager: Orbit's eval summary manager, in place of
+        `eval_summary_dir`.
       options: Checkpoint cadence and where to restore from.
       guard: What a non-finite training loss does (default: stop).
       preemption: Watches for SIGTERM/SIGINT; checked after every loop and
         every evaluation between loops. It learns the step reached from
         `progress`, given to it where it is built.
-      hooks: Called around every loop of the own loop, in this order (see
-        `trainer.loop_hooks`): the progress line and train summaries, the
+      hooks: Called around every loop, in this order (see
+        `trainer.loop.hooks`): the progress line and train summaries, the
         profile window, early stopping.
       restored_fn: Called after every restore of a checkpoint (the first,
         a rollback's), in the strategy scope: puts the configured optimizer
         hyperparameters over the checkpoint's.
-      **kwargs: Passed to `orbit.Controller` (trainer, evaluator,
-        global_step, strategy, steps_per_loop, checkpoint_manager, actions,
-        summary settings).
+
+    Raises:
+      ValueError: As `orbit.Controller`'s, for a missing trainer and
+        evaluator, a bad `steps_per_loop` or `summary_interval`.
     """
     # Set before `super().__init__`: it calls `restore_checkpoint`.
     self._options = options
@@ -120,8 +166,15 @@ class Controller(orbit.Controller):
     self._preemption = preemption
     self._hooks = tuple(hooks)
     self._restored_fn = restored_fn
-    self._own_loop = callable(getattr(kwargs.get("trainer"), "loop_status",
-                                      None))
+    # Each hook is called only where it does something: a method it does not
+    # override costs no call per loop.
+    self._clipping_hooks = _overriding(self._hooks, "clip")
+    self._before_hooks = _overriding(self._hooks, "before_loop")
+    self._after_hooks = _overriding(self._hooks, "after_loop")
+    self._stopping_hooks = _overriding(self._hooks, "stop_reason")
+    # The one loop's view of the trainer: the trainer itself, or a plain
+    # Orbit runner in an adapter.
+    self._runner = orbit_adapter.adapt(trainer, global_step)
     self.stop_reason: Optional[str] = None  # Why training stopped early.
     self.restored_path: Optional[str] = None  # The checkpoint restored last.
     self._step = None  # Python mirror of `global_step`, set at restore.
@@ -130,22 +183,32 @@ class Controller(orbit.Controller):
         lambda: self.checkpoint_manager)
     self._warned_past = False
     self._constructed = False
-    super().__init__(**kwargs)
+    super().__init__(
+        global_step=global_step, trainer=trainer, evaluator=evaluator,
+        strategy=strategy, train_actions=train_actions,
+        eval_actions=eval_actions, steps_per_loop=steps_per_loop,
+        checkpoint_manager=checkpoint_manager,
+        enable_async_checkpointing=enable_async_checkpointing,
+        summary_interval=summary_interval, summary_dir=summary_dir,
+        eval_summary_dir=eval_summary_dir, summary_manager=summary_manager,
+        eval_summary_manager=eval_summary_manager)
     self._constructed = True
     self._saves.watch_directory()
-    if self._own_loop:
+    if self._runner is not None:
       self._loop = fast_loop.FastLoop(
-          self.trainer, self.global_step, self.summary_manager,
+          self._runner, self.global_step, self.summary_manager,
           self.summary_interval,
-          orbit_summaries=(kwargs.get("summary_dir") is not None or
-                           kwargs.get("summary_manager") is not None))
+          orbit_summaries=(summary_dir is not None or
+                           summary_manager is not None))
+      self._discard_batch = self._runner.discard_batch
     self._step = int(self.global_step.numpy())
 
   def _live_step(self) -> int:
     """The global step as a loop moves it, for another thread (a signal's
     exit line); between loops, and where reading it needs a parameter
     server that may be gone, the step the last loop reached."""
-    if (self._step is None or not getattr(self.trainer, "in_loop", False) or
+    if (self._step is None or self._runner is None or
+        not self._runner.in_loop or
         isinstance(self.strategy,
                    tf.distribute.experimental.ParameterServerStrategy)):
       return self._step
@@ -170,7 +233,8 @@ class Controller(orbit.Controller):
     training's do, and the next save supersedes it).
     """
     return self._saves.save_while_waiting(
-        lambda: getattr(self.trainer, "in_loop", False), self._live_step)
+        lambda: self._runner is not None and self._runner.in_loop,
+        self._live_step)
 
   @property
   def step(self) -> int:
@@ -210,10 +274,6 @@ class Controller(orbit.Controller):
     variable holds, which a caller may have set), then takes it from the
     runner's loop status.
     """
-    if not self._own_loop:
-      super().train(steps, checkpoint_at_completion)
-      self._step = int(self.global_step.numpy())
-      return
     self._require("trainer", for_method="train")
     self._step = int(self.global_step.numpy())
     with self._saving_on_signal():
@@ -223,11 +283,16 @@ class Controller(orbit.Controller):
           self._saves.newest() is None):
         # A rollback needs a checkpoint to go back to, even at step 0.
         self._maybe_save_checkpoint(check_interval=False, force=True)
-      while self._step < steps and not self._stop_early():
+      # What is not due after a loop costs no call: a save before its
+      # step, a stop no hook can ask for, a watcher that is not there.
+      while self._step < steps and not (self._stopping_hooks and
+                                        self._stop_early()):
         self._train_n_steps(self._next_loop_steps(steps))
-        self._maybe_save_checkpoint()
-        self._check_preemption()
-      for hook in self._hooks:
+        if self._step >= self._saves.next_due:
+          self._maybe_save_checkpoint()
+        if self._preemption is not None:
+          self._check_preemption()
+      for hook in self._hooks:  # Once a call: not worth a list of its own.
         hook.end(self._step)
       if checkpoint_at_completion or self.stop_reason:
         self._maybe_save_checkpoint(check_interval=False)
@@ -242,11 +307,10 @@ class Controller(orbit.Controller):
     """
     num_steps = min(steps - self._step,
                     self.steps_per_loop - self._step % self.steps_per_loop)
-    for hook in self._hooks:
+    for hook in self._clipping_hooks:
       num_steps = hook.clip(self._step, num_steps)
-    num_steps = self._guard.clip(self._step, num_steps,
-                                 self.trainer.discard_batch)
-    for hook in self._hooks:
+    num_steps = self._guard.clip(self._step, num_steps, self._discard_batch)
+    for hook in self._before_hooks:
       hook.before_loop(self._step)
     return num_steps
 
@@ -257,8 +321,6 @@ class Controller(orbit.Controller):
     (`eval | step 500 | accuracy 0.9944 | loss 0.0198 | 0.2 s`) in place of
     Orbit's two, the second an unformatted dict.
     """
-    if not self._own_loop and self.trainer is not None:
-      return super().evaluate(steps)
     self._require("evaluator", for_method="evaluate")
     if steps <= 0 and steps != -1:
       raise ValueError(f"`steps` ({steps}) should be > 0, or == -1.")
@@ -292,8 +354,6 @@ class Controller(orbit.Controller):
     Returns:
       The last evaluation's results, or None if nothing was left to train.
     """
-    if not self._own_loop:
-      return super().train_and_evaluate(train_steps, eval_steps, eval_interval)
     self._require("trainer", for_method="train_and_evaluate")
     self._require("evaluator", for_method="train_and_evaluate")
     self._step = int(self.global_step.numpy())
@@ -357,7 +417,7 @@ class Controller(orbit.Controller):
     """Whether a hook says to stop (the first that gives a reason); logs the
     reason once."""
     if self.stop_reason is None:
-      for hook in self._hooks:
+      for hook in self._stopping_hooks:
         reason = hook.stop_reason()
         if reason:
           self.stop_reason = reason
@@ -383,20 +443,15 @@ class Controller(orbit.Controller):
       errors.NonFiniteError: Instead of saving non-finite variables.
       errors.RunError: If the model_dir was deleted or replaced.
     """
-    if not self._own_loop:
-      return super()._maybe_save_checkpoint(check_interval)
     return self._saves.save_if_due(self._step, check_interval, force)
 
   def _train_n_steps(self, num_steps: int) -> None:
     """Runs one loop of `num_steps` steps (`fast_loop.FastLoop`), then its
     actions, Orbit's summaries and the hooks; rolls back a non-finite step.
     """
-    if not self._own_loop:
-      super()._train_n_steps(num_steps)
-      return
     start = time.perf_counter()
     output = self._loop.run(num_steps)
-    status = self.trainer.loop_status()
+    status = self._runner.loop_status()
     if status.nonfinite_step >= 0:
       self._step = status.nonfinite_step
       self._roll_back(status.nonfinite_step)
@@ -407,13 +462,13 @@ class Controller(orbit.Controller):
       action(train_output)
     self._loop.write_summaries(train_output, num_steps,
                                time.perf_counter() - start)
-    if self._hooks:
+    if self._after_hooks:
       result = loop_hooks.LoopResult(
           num_steps=num_steps, seconds=time.perf_counter() - start,
           loss=status.loss, learning_rate=status.learning_rate,
           output=train_output,
-          read_metrics=self.trainer.read_and_reset_metrics)
-      for hook in self._hooks:
+          read_metrics=self._runner.read_and_reset_metrics)
+      for hook in self._after_hooks:
         hook.after_loop(self._step, result)
 
   def _roll_back(self, step: int) -> None:
@@ -425,8 +480,16 @@ class Controller(orbit.Controller):
     self._guard.start_rollback(step, self._saves.last_saved_step,
                                has_checkpoint=self._saves.newest() is not None)
     self.restore_checkpoint()
-    self.trainer.read_and_reset_metrics()  # They include the bad step.
+    self._runner.read_and_reset_metrics()  # They include the bad step.
     self._guard.finish_rollback(self._step)
     for hook in self._hooks:
       hook.after_rollback(self._step)
 
+
+
+def _overriding(hooks: Sequence[loop_hooks.LoopHook],
+                method: str) -> Tuple[loop_hooks.LoopHook, ...]:
+  """The hooks whose `method` is their own, not `LoopHook`'s no-op."""
+  default = getattr(loop_hooks.LoopHook, method)
+  return tuple(hook for hook in hooks
+               if getattr(type(hook), method, default) is not default)

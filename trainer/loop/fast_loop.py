@@ -102,7 +102,8 @@ def train_output(output: Optional[Dict[str, Any]],
   scheduled rate (from its `loop_status`) where the output has none (a
   `TaskTrainer`'s loop reports them through `loop_status` only)."""
   result = dict(output or {})
-  result.setdefault("loss", status.loss)
+  if status.loss is not None:
+    result.setdefault("loss", status.loss)
   if status.learning_rate is not None:
     result.setdefault("learning_rate", status.learning_rate)
   return result

@@ -51,7 +51,8 @@ class LoopResult:
     num_steps: The steps the loop ran.
     seconds: How long the loop took: the runner's `train` call, the read
       of its status, and the train actions and Orbit summaries after it.
-    loss: The loop's mean loss.
+    loss: The loop's mean loss; None where the runner reports none (a
+      plain Orbit runner whose output has no `loss`).
     learning_rate: A scheduled learning rate after the loop, or None.
     output: The runner's output, as the train actions get it (with the
       loop's `loss` and scheduled `learning_rate` where the runner gives
@@ -61,7 +62,7 @@ class LoopResult:
   """
   num_steps: int
   seconds: float
-  loss: float
+  loss: Optional[float]
   learning_rate: Optional[float]
   output: Mapping[str, Any]
   read_metrics: Callable[[], Dict[str, float]]
@@ -70,9 +71,11 @@ class LoopResult:
 class LoopHook:
   """Runs at a training loop's cadence; every method does nothing by default.
 
-  Subclass it and override what the hook needs. All steps are global steps.
-  Hooks run on the controller's own loop (a runner with `loop_status`);
-  Orbit's loop, for any other runner, does not call them.
+  Subclass it and override what the hook needs: the controller calls a
+  hook's `clip`, `before_loop`, `after_loop` and `stop_reason` only where
+  its class overrides them, so a method left alone costs nothing per loop.
+  All steps are global steps. Hooks run for every runner, a plain Orbit
+  runner included (through `orbit_adapter`).
   """
 
   def clip(self, step: int, num_steps: int) -> int:

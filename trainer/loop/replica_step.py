@@ -8,7 +8,7 @@ each model's gradient norm.
 """
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Dict, Mapping, Optional
 
 import tensorflow as tf
 import tf_keras
@@ -22,7 +22,9 @@ from trainer.model import task as task_lib
 
 def build(task: task_lib.Task, model, optimizer, metrics,
           options: gradients.StepOptions, *, per_replica_batch_size: int,
-          num_replicas: int, enable_xla: bool) -> Callable:
+          num_replicas: int, enable_xla: bool,
+          model_options: Optional[Mapping[str, gradients.StepOptions]] = None
+          ) -> Callable:
   """Returns the per-replica step, `step(inputs) -> logs`.
 
   Args:
@@ -35,6 +37,9 @@ def build(task: task_lib.Task, model, optimizer, metrics,
     num_replicas: Replicas in sync.
     enable_xla: Compile the step with XLA (on several replicas, its
       gradient pass only).
+    model_options: With several models, the options `trainer.minimize`
+      applies with each model's optimizer (its clipping), by model name;
+      none: no clipping.
 
   Raises:
     errors.ConfigError: If micro-batches do not divide the per-replica
@@ -48,7 +53,8 @@ def build(task: task_lib.Task, model, optimizer, metrics,
         options, gradient_fn=tf.function(task.compute_gradients,
                                          jit_compile=True))
   _check(task, model, options, per_replica_batch_size)
-  step = _TaskStep(task, model, optimizer, metrics, options)
+  step = _TaskStep(task, model, optimizer, metrics, options,
+                   model_options or {})
   if enable_xla and num_replicas == 1:
     return tf.function(step.__call__, jit_compile=True)
   return step.__call__
@@ -91,11 +97,14 @@ class _TaskStep:
   """Calls the Task's `train_step` on one replica's batch."""
 
   def __init__(self, task: task_lib.Task, model, optimizer, metrics,
-               options: gradients.StepOptions):
+               options: gradients.StepOptions,
+               model_options: Mapping[str, gradients.StepOptions]):
     self._task = task
     self._model = model
     self._optimizer = optimizer
     self._metrics = metrics
+    # With several models, each one's options for `trainer.minimize`.
+    self._model_options = model_options
     # Only the default `train_step` takes `options`; others get nothing.
     self._kwargs = ({} if task_lib.overrides(task, "train_step")
                     else {"options": options})
@@ -108,14 +117,24 @@ class _TaskStep:
                                    self._metrics, **self._kwargs)
     if self._accumulation_steps > 1:
       logs, norms = gradients.accumulate_updates(
-          lambda batch: self._task.train_step(batch, self._model,
-                                              self._optimizer, self._metrics),
+          lambda batch, record: self._task.train_step(
+              batch, self._model, self._optimizers(record), self._metrics),
           inputs, self._accumulation_steps)
       return self._with_norms(logs, norms)
-    with gradients.recording_norms() as norms:
-      logs = self._task.train_step(inputs, self._model, self._optimizer,
-                                   self._metrics, **self._kwargs)
-    return self._with_norms(logs, norms)
+    record = gradients.StepRecord()
+    logs = self._task.train_step(inputs, self._model,
+                                 self._optimizers(record), self._metrics,
+                                 **self._kwargs)
+    return self._with_norms(logs, record.norms)
+
+  def _optimizers(self, record: gradients.StepRecord
+                  ) -> Dict[str, gradients.OptimizerWithOptions]:
+    """What a `train_step` of several models gets: each optimizer with the
+    options `trainer.minimize` applies with it and the step's `record`,
+    where `minimize` reports (traced once: no cost per step)."""
+    return {name: gradients.OptimizerWithOptions(
+        each, self._model_options.get(name, gradients.StepOptions()),
+        record) for name, each in self._optimizer.items()}
 
   @graph_code.written_for_graphs
   def _with_norms(self, logs, norms):

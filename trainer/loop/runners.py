@@ -43,7 +43,8 @@ class LoopStatus:
   """What a training loop reports to the host.
 
   Attributes:
-    loss: The mean loss of the loop's steps.
+    loss: The mean loss of the loop's steps; None where the runner has none
+      (a plain Orbit runner whose output has no `loss`).
     nonfinite_step: The step whose loss was not finite (the loop stopped
       after it), or -1.
     learning_rate: The learning rate after the loop if it follows a
@@ -51,7 +52,7 @@ class LoopStatus:
     step: The global step after the loop, read with the rest; None where
       the runner does not report it (the controller then reads it).
   """
-  loss: float
+  loss: Optional[float]
   nonfinite_step: int
   learning_rate: Optional[float]
   step: Optional[int] = None
@@ -76,6 +77,7 @@ class TaskTrainer(orbit.StandardTrainer):
                global_step: tf.Variable, *, run_eagerly: bool = False,
                enable_xla: bool = False,
                step_options: Optional[gradients.StepOptions] = None,
+               model_options: Optional[Dict[str, gradients.StepOptions]] = None,
                check_loss_scaling: bool = False):
     """Builds the trainer.
 
@@ -90,6 +92,8 @@ class TaskTrainer(orbit.StandardTrainer):
       enable_xla: Compile the per-replica step with XLA.
       step_options: Micro-batches and clipping for the default
         `Task.train_step`.
+      model_options: With several models, each one's clipping by name, which
+        `trainer.minimize` applies with its optimizer.
       check_loss_scaling: Check an overridden `train_step`'s loss scaling
         on the first step of a new run (`trainer.loss_scaling`).
 
@@ -107,13 +111,15 @@ class TaskTrainer(orbit.StandardTrainer):
       self.metrics = task.build_metrics(training=True)
     self._run_eagerly = run_eagerly
     self.in_loop = False  # Whether a `train` call is running.
+    self._reported = None  # The status the last loop returned, if any.
     self._checked_optimizers = False
     self._create_loop_variables(check_loss_scaling)
     self._replica_step = replica_step.build(
         self.task, self.model, self.optimizer, self.metrics,
         step_options or gradients.StepOptions(),
         per_replica_batch_size=train_input.per_replica_batch_size,
-        num_replicas=strategy.num_replicas_in_sync, enable_xla=enable_xla)
+        num_replicas=strategy.num_replicas_in_sync, enable_xla=enable_xla,
+        model_options=model_options)
     super().__init__(self._train_dataset())
 
   def _create_loop_variables(self, check_loss_scaling: bool) -> None:
@@ -168,14 +174,13 @@ class TaskTrainer(orbit.StandardTrainer):
         one yields nothing, or an input file is damaged (naming it).
     """
     self.in_loop = True
+    self._reported = None
     try:
-      with self._checking_loss_scaling():
-        if self._input.remote:
-          output = job_retry.train_on_new_jobs(
-              super().train, num_steps, lambda: int(self.global_step.numpy()),
-              lambda: self._read_from(self._input.build()))
-        else:
-          output = super().train(num_steps)
+      if self._first_step.pending:  # A context only where it may be due.
+        with self._checking_loss_scaling():
+          output = self._train(num_steps)
+      else:
+        output = self._train(num_steps)
       if not self._checked_optimizers:
         self._checked_optimizers = True
         idle_optimizers.check(type(self.task).__name__, self.optimizer)
@@ -193,6 +198,14 @@ class TaskTrainer(orbit.StandardTrainer):
       raise errors.RunError(data_loss.describe(e, self._input.dataset)) from e
     finally:
       self.in_loop = False
+
+  def _train(self, num_steps: tf.Tensor):
+    """Orbit's `train`, on new tf.data service jobs where they are lost."""
+    if self._input.remote:
+      return job_retry.train_on_new_jobs(
+          super().train, num_steps, lambda: int(self.global_step.numpy()),
+          lambda: self._read_from(self._input.build()))
+    return super().train(num_steps)
 
   @property
   def checks_loss_scaling(self) -> bool:
@@ -214,7 +227,7 @@ class TaskTrainer(orbit.StandardTrainer):
     if self._train_loop_fn is None:
       self._train_loop_fn = self.create_train_loop_fn()
     loop_fn = self._train_loop_fn
-    self._train_loop_fn = self._first_step.first_loop(loop_fn)
+    self._train_loop_fn = self._first_step.first_loop(self._loop_fn)
     try:
       yield
     finally:
@@ -258,7 +271,15 @@ class TaskTrainer(orbit.StandardTrainer):
     Orbit's loop discards step outputs, so a per-loop mean would need a
     metric reset and read in eager mode around every loop: about 1 ms per
     loop here, a fifth of a step at `steps_per_loop=1`. Summing inside the
-    compiled loop keeps one `tf.function` call and one read per loop.
+    compiled loop keeps one `tf.function` call and one read per loop: the
+    loop returns its status, which `loop_status` reads without an op of its
+    own (it also goes to the `loop_status` variable, which the first-step
+    check and the parameter-server loop write).
+
+    The compiled loop is called through its concrete function for the
+    iterator at hand: `tf.function`'s own call matches the arguments
+    against its traces every time, about 800 Python calls a loop (1,400
+    against 580, counted), a cost that only shows where loops are short.
     """
 
     def loop(iterator, num_steps, check_first_step=False):
@@ -282,14 +303,39 @@ class TaskTrainer(orbit.StandardTrainer):
             break
           total += loss
           done += 1.0
-      self._status.assign(tf.stack([
+      status = tf.stack([
           tf.cast(total / tf.maximum(done, 1.0), tf.float64),
           tf.cast(nonfinite_step, tf.float64), self._scheduled_rate(),
-          tf.cast(self.global_step.read_value(), tf.float64)]))
-      return first_batch
+          tf.cast(self.global_step.read_value(), tf.float64)])
+      self._status.assign(status)
+      return first_batch if check_first_step else status
 
     self._compiled_loop = None if self._run_eagerly else tf.function(loop)
-    return self._compiled_loop or loop
+    self._loop_fn = self._compiled_loop or loop
+    # (iterator, steps dtype, the concrete loop function for them).
+    self._concrete_loop = None
+
+    def run(iterator, num_steps):
+      self._reported = self._call_loop(iterator, num_steps)
+
+    return run
+
+  def _call_loop(self, iterator, num_steps: tf.Tensor) -> tf.Tensor:
+    """Calls the loop, through its concrete function once it is traced for
+    `iterator` (not where functions are asked to run eagerly)."""
+    if (self._compiled_loop is None or tf.config.functions_run_eagerly() or
+        not isinstance(num_steps, tf.Tensor)):
+      return self._loop_fn(iterator, num_steps)
+    cached = self._concrete_loop
+    if (cached is None or cached[0] is not iterator or
+        cached[1] != num_steps.dtype):
+      # The first call traces (and creates what the step creates).
+      status = self._compiled_loop(iterator, num_steps)
+      self._concrete_loop = (iterator, num_steps.dtype,
+                             self._compiled_loop.get_concrete_function(
+                                 iterator, num_steps))
+      return status
+    return cached[2](iterator, num_steps, False)
 
   def traced_loop(self) -> Optional[tf.types.experimental.ConcreteFunction]:
     """Returns the traced training loop; None before the first loop and when
@@ -368,7 +414,10 @@ class TaskTrainer(orbit.StandardTrainer):
     and scheduled learning rate are read here, and the controller gives
     them to its train actions.
     """
-    loss, nonfinite_step, learning_rate, step = self._status.numpy()
+    # The status the loop returned; the variable after a first-step check
+    # or a parameter-server loop, which return none.
+    reported = self._status if self._reported is None else self._reported
+    loss, nonfinite_step, learning_rate, step = reported.numpy()
     return LoopStatus(float(loss), int(nonfinite_step),
                       None if math.isnan(learning_rate) else
                       float(learning_rate), int(step))

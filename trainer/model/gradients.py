@@ -9,11 +9,8 @@ lets the global norm and the clipping see the gradient of the whole global
 batch, identical on every replica, whatever the replica count.
 """
 
-import contextlib
 import dataclasses
-import threading
-import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 import tf_keras
@@ -203,30 +200,40 @@ def clip(grads: List[Optional[tf.Tensor]], norm: tf.Tensor,
   return grads
 
 
-# The norms `minimize` computed in this thread's current step (a replica's
-# step runs in one thread), by optimizer id; None outside `recording_norms`.
-_RECORDED = threading.local()
+@dataclasses.dataclass
+class StepRecord:
+  """Where a step's `minimize` calls report, given with each optimizer.
+
+  Attributes:
+    norms: By `id(optimizer)`, the global norm of the gradients `minimize`
+      applied (the framework summarises each model's).
+    updates: The updates `minimize` keeps instead of applying, in call
+      order (micro-batches: `accumulate_updates`); None: it applies them.
+  """
+  norms: Dict[int, tf.Tensor] = dataclasses.field(default_factory=dict)
+  updates: Optional[List["Update"]] = None
 
 
-@contextlib.contextmanager
-def recording_norms() -> Iterator[Dict[int, tf.Tensor]]:
-  """Collects, by `id(optimizer)`, the gradient norms `minimize` computes
-  inside the block (the framework summarises each model's)."""
-  _RECORDED.norms = {}
-  try:
-    yield _RECORDED.norms
-  finally:
-    _RECORDED.norms = None
+class OptimizerWithOptions:
+  """One model's optimizer with the options `minimize` applies with it.
 
+  What a `train_step` of several models gets for each (`optimizer[name]`):
+  the clipping gin binds for the model (`discriminator/trainer.gradient_clip_
+  norm`) and where the step's `minimize` calls report (`StepRecord`) travel
+  with the optimizer into `minimize`, as arguments, not in a table or a
+  thread-local kept beside it. Any other attribute is the optimizer's own
+  (`optimizer["generator"].iterations`); `optimizer` is the optimizer itself.
+  """
 
-# Optimizer -> the options `minimize` applies with it by default: what gin
-# binds for its model (`discriminator/trainer.gradient_clip_norm`).
-_OPTIONS = weakref.WeakKeyDictionary()
+  def __init__(self, optimizer, options: StepOptions,
+               record: Optional[StepRecord] = None):
+    self.optimizer = optimizer
+    self.options = options
+    self.record = record
 
-
-def set_options(optimizer, options: StepOptions) -> None:
-  """Makes `options` what `minimize` clips `optimizer`'s gradients with."""
-  _OPTIONS[optimizer] = options
+  def __getattr__(self, name: str):
+    # Only for what the instance lacks: `optimizer` and `options` are its own.
+    return getattr(self.optimizer, name)
 
 
 def minimize(tape: tf.GradientTape, loss: tf.Tensor, variables,
@@ -236,11 +243,14 @@ def minimize(tape: tf.GradientTape, loss: tf.Tensor, variables,
   Takes the gradient of `loss` (this replica's share of the global-batch
   mean, as `tf.nn.compute_average_loss` gives) recorded on `tape` with
   respect to `variables`, scaled and unscaled for a float16 loss-scale
-  optimizer, sums it over replicas, clips it (`options`; by default what
-  gin binds for the optimizer's model: `trainer.gradient_clip_norm` /
-  `_value`, or under the model's name, `generator/trainer.gradient_clip_norm`)
-  and applies it. Use a persistent tape when several losses come from one
-  forward pass.
+  optimizer, sums it over replicas, clips it (`options`; by default those
+  the framework gives with the optimizer, an `OptimizerWithOptions`: what gin
+  binds for its model, `trainer.gradient_clip_norm` / `_value`, or under the
+  model's name, `generator/trainer.gradient_clip_norm`; none for a plain
+  optimizer) and applies it. Use a persistent tape when several losses come
+  from one forward pass. Pass the optimizer `train_step` was given
+  (`optimizer["generator"]`): it also carries where the step's norms and,
+  under micro-batches, its updates go.
 
   Under `trainer.gradient_accumulation_steps` (K > 1) the framework runs the
   `train_step` once per micro-batch, and `minimize` only keeps the gradient:
@@ -253,6 +263,12 @@ def minimize(tape: tf.GradientTape, loss: tf.Tensor, variables,
     gradient on this replica (the framework reports the applied one's).
   """
   variables = list(variables)
+  record = None
+  if isinstance(optimizer, OptimizerWithOptions):
+    options = options or optimizer.options
+    record = optimizer.record
+    optimizer = optimizer.optimizer
+  options = options or StepOptions()
   scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
   target = loss
   if scaled:
@@ -261,15 +277,12 @@ def minimize(tape: tf.GradientTape, loss: tf.Tensor, variables,
   grads = tape.gradient(target, variables)
   if scaled:
     grads = optimizer.get_unscaled_gradients(grads)
-  options = options or _OPTIONS.get(optimizer, StepOptions())
-  deferred = getattr(_DEFERRED, "updates", None)
-  if deferred is not None:
-    deferred.append(Update(optimizer, variables, list(grads), options))
+  if record is not None and record.updates is not None:
+    record.updates.append(Update(optimizer, variables, list(grads), options))
     return global_norm(grads)
   norm = clip_and_apply(optimizer, grads, variables, options)
-  recorded = getattr(_RECORDED, "norms", None)
-  if recorded is not None:
-    recorded[id(optimizer)] = norm
+  if record is not None:
+    record.norms[id(optimizer)] = norm
   return norm
 
 
@@ -282,27 +295,19 @@ class Update:
   options: StepOptions
 
 
-# The updates `minimize` keeps instead of applying, in call order, in this
-# thread's current micro-batch; None when it applies them at once.
-_DEFERRED = threading.local()
+# A Task's `train_step` on a micro-batch, with its optimizers reporting to a
+# record: `step(inputs, record) -> logs`.
+RecordedStep = Callable[[Any, StepRecord], Any]
 
 
-@contextlib.contextmanager
-def _deferring_updates() -> Iterator[List[Update]]:
-  """Makes `minimize` keep its updates in the list it yields."""
-  _DEFERRED.updates = []
-  try:
-    yield _DEFERRED.updates
-  finally:
-    _DEFERRED.updates = None
-
-
-def accumulate_updates(step: Callable[[Any], Any], inputs,
+def accumulate_updates(step: RecordedStep, inputs,
                        num_micro_batches: int) -> Tuple[Any, Dict[int, Any]]:
   """Runs `step` on each micro-batch of `inputs`; applies each optimizer's
   summed gradients once.
 
-  `step` is a Task's `train_step` calling `minimize` (several models). It
+  `step` is a Task's `train_step` calling `minimize` (several models), with
+  optimizers that report to the record it is given (`OptimizerWithOptions`,
+  whose updates are kept there instead of applied). It
   runs on micro-batch 0 and then in a `tf.while_loop` on the others, every
   model at the weights of the step's start, so an update `step` computes
   after another (a generator's loss through the discriminator it just
@@ -321,14 +326,15 @@ def accumulate_updates(step: Callable[[Any], Any], inputs,
     errors.ConfigError: If `step` calls `minimize` differently on two
       micro-batches.
   """
-  with _deferring_updates() as updates:
-    logs = step(micro_batch(inputs, 0, num_micro_batches))
+  updates = []
+  logs = step(micro_batch(inputs, 0, num_micro_batches),
+              StepRecord(updates=updates))
   logs, sums = _add_micro_batches(step, inputs, num_micro_batches, logs,
                                   updates)
   return logs, _apply_averaged(updates, sums, num_micro_batches)
 
 
-def _add_micro_batches(step: Callable[[Any], Any], inputs,
+def _add_micro_batches(step: RecordedStep, inputs,
                        num_micro_batches: int, logs, updates: List[Update]
                        ) -> Tuple[Any, List[List[tf.Tensor]]]:
   """Adds micro-batches 1 to `num_micro_batches - 1` to micro-batch 0's
@@ -353,8 +359,9 @@ def _add_micro_batches(step: Callable[[Any], Any], inputs,
              for update, indices in zip(updates, used)]
 
   def body(index, log_sums, grad_sums):
-    with _deferring_updates() as again:
-      step_logs = step(micro_batch(inputs, index, num_micro_batches))
+    again = []
+    step_logs = step(micro_batch(inputs, index, num_micro_batches),
+                     StepRecord(updates=again))
     if [id(u.optimizer) for u in again] != [id(u.optimizer)
                                             for u in updates]:
       raise errors.ConfigError(
