@@ -123,9 +123,7 @@ def report_only(sweep_dir: str) -> int:
   """`--report`: the table and results.csv of an existing sweep."""
   if not study_lib.exists(sweep_dir, FLAGS.storage):
     raise errors.ConfigError(f"no sweep in {sweep_dir} to report.")
-  study = optuna.load_study(
-      study_name=study_lib.name(sweep_dir),
-      storage=study_lib.open_storage(sweep_dir, FLAGS.storage))
+  study = study_lib.load(sweep_dir, FLAGS.storage, repair=False)
   report.print_lines(_report_lines(study, sweep_dir))
   return 0
 
@@ -170,10 +168,8 @@ def prepare(sweep_dir: str, ahead: Optional[warm.Ahead] = None):
                                        space)
     if exists:
       study_lib.check_identity(
-          optuna.load_study(
-              study_name=study_lib.name(sweep_dir),
-              storage=study_lib.open_storage(sweep_dir, FLAGS.storage)),
-          wanted, sweep_dir)
+          study_lib.load(sweep_dir, FLAGS.storage, repair=False), wanted,
+          sweep_dir)
     if ahead is not None:
       ahead.first_trial()
     if not exists:
