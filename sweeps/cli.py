@@ -120,8 +120,7 @@ def _report_lines(study: optuna.Study, sweep_dir: str,
   of the study, and unless `unwritten` says why not."""
   recorded = study.user_attrs.get("sweep", {})
   space = space_lib.parse_space(recorded.get("space", []))
-  trials = study.get_trials()
-  damage = study_lib.damage(study)
+  trials, damage = study_lib.whole_trials(study)
   if damage:
     unwritten = (f"its study's journal is damaged at {damage}, so the "
                  "table may miss what came after; rerun the sweep to cut "

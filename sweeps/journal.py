@@ -137,8 +137,8 @@ class Backend(optuna_journal.JournalFileBackend):
   never appending after one.
 
   Attributes:
-    damage: Where the last read stopped at a bad record (`record N at
-      byte B`), or None.
+    damage: Where the last read stopped at a bad record (`record N (byte
+      B)`), or None. A record being written reads as one too.
   """
 
   def __init__(self, file_path: str):
@@ -156,14 +156,16 @@ class Backend(optuna_journal.JournalFileBackend):
       offset = self._offsets[number]
       f.seek(offset)
       for line in f:
-        if offset + len(line) > size or not line.endswith(b"\n"):
-          return  # Being written, or torn: not a record yet.
+        if offset + len(line) > size:
+          return  # Written since this read began.
         try:
-          record = json.loads(line)
+          record = json.loads(line) if line.endswith(b"\n") else None
         except ValueError:
           record = None
         if not isinstance(record, dict):
-          self.damage = f"record {number + 1} at byte {offset}"
+          # Garbage, or a torn record; or, with no newline yet, one being
+          # written: a reader cannot tell, and looks again to see.
+          self.damage = f"record {number + 1} (byte {offset})"
           return
         offset += len(line)
         number += 1
@@ -206,6 +208,7 @@ class Storage(optuna.storages.JournalStorage):
 
   @property
   def damage(self) -> Optional[str]:
-    """Where the last read of the file stopped at a bad record, or None:
-    the study read is then the state before it, not all of it."""
+    """Where the last read of the file stopped at a bad record (or one
+    being written), or None: the study read is then the state before it,
+    not all of it."""
     return self._file.damage

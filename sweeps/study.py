@@ -11,7 +11,8 @@ renamed sweep directory keeps it.
 
 import errno
 import os
-from typing import Any, Dict, Optional, Sequence
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import optuna
 
@@ -24,6 +25,8 @@ SAMPLERS = ("grid", "random", "tpe")
 PRUNERS = ("none", "median", "hyperband")
 DIRECTIONS = ("maximize", "minimize")
 _IDENTITY = "sweep"
+# Longer than an append of a few records takes (milliseconds).
+_WRITE_SECONDS = 0.5
 
 
 def name(sweep_dir: str,
@@ -66,10 +69,24 @@ def load(sweep_dir: str, url: Optional[str], repair: bool = True
 
 
 def damage(study: optuna.Study) -> Optional[str]:
-  """Where the last read of a journal study stopped at a bad record, or
-  None: the study read is then the state before it."""
+  """Where the last read of a journal study stopped at a bad record (or
+  one being written), or None: the study read is then the state before
+  it."""
   # pylint: disable-next=protected-access
   return getattr(study._storage, "damage", None)
+
+
+def whole_trials(study: optuna.Study
+                 ) -> Tuple[List[optuna.trial.FrozenTrial], Optional[str]]:
+  """The study's trials, and where the read stopped at a bad record if it
+  did (None: the read is whole). A record that another process was
+  writing is whole when read again a moment later; a damaged one is not.
+  """
+  trials = study.get_trials()
+  if damage(study):
+    time.sleep(_WRITE_SECONDS)
+    trials = study.get_trials()
+  return trials, damage(study)
 
 
 def exists(sweep_dir: str, url: Optional[str]) -> bool:
