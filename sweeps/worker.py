@@ -267,6 +267,13 @@ class Sweep:
     finally:
       with self._running_lock:
         self._running.discard(process)
+    self._settle(trial, earlier, outcome, bindings)
+
+  def _settle(self, trial: optuna.Trial,
+              earlier: Optional[optuna.trial.FrozenTrial],
+              outcome: trial_run.Outcome, bindings: List[str]) -> None:
+    """Records how the trial's process ended, and says it."""
+    plan = self._plan
     seconds = (earlier.user_attrs.get("seconds", 0.0) if earlier else 0.0
                ) + outcome.seconds
     trial.set_user_attr("seconds", round(seconds, 1))
