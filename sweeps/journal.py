@@ -123,8 +123,10 @@ def repair(path: str) -> Optional[str]:
   if not os.path.exists(path):
     return None
   _, good, size = scan(path)
-  if good == size:  # Whole (a line being written now ends differently).
+  if good == size:
     return None
+  # Scanned again under the lock: a last line found short may have been
+  # one another process was writing, whole by now.
   with _held(_lock(path)):
     said = _cut(path)
   if said:
