@@ -15,8 +15,10 @@ trial a dead process left resumes from its checkpoint, and more processes
 on the same `--sweep_dir` join as workers. `--report` prints the table of
 a sweep and writes its results.csv.
 
-Exit codes: 0 done, 1 the first trials all failed, 2 bad input (one line,
-before any trial starts), 42 stopped by a signal (rerun to resume).
+Exit codes: 0 done, 1 the first trials all failed, a trial was killed by a
+signal, or the disk is full or read-only (one line; rerun to continue),
+2 bad input (one line, before any trial starts), 42 stopped by a signal
+(rerun to resume).
 """
 
 import importlib.util

@@ -5,6 +5,7 @@ to every trial. Bad input ends the sweep before any trial starts, with one
 line and exit code 2, and nothing written.
 """
 
+import errno
 import os
 import shlex
 import shutil
@@ -35,6 +36,9 @@ SWEEP_FLAGS = ("sweep_dir", "space", "metric", "direction", "n_trials",
                "parallel", "storage", "stop_after_failures", "report",
                "poll_seconds", "partial_grid", "launcher")
 STOPPED_EXIT_CODE = 42
+# What a full or read-only disk raises (root gets EROFS, others EACCES).
+_DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
+                errno.EPERM)
 
 # The sweep's flags are defined here, not in scripts/sweep.py, so `--help`
 # lists them as shared flags (it lists the script's own and those named).
@@ -110,23 +114,37 @@ def launcher() -> Tuple[str, ...]:
   return words
 
 
-def _report_lines(study: optuna.Study, sweep_dir: str) -> List[str]:
+def _report_lines(study: optuna.Study, sweep_dir: str,
+                  unwritten: str = "") -> List[str]:
+  """The report; results.csv and .png are written only from a whole read
+  of the study, and unless `unwritten` says why not."""
   recorded = study.user_attrs.get("sweep", {})
   space = space_lib.parse_space(recorded.get("space", []))
-  return report.lines(study.get_trials(), space, recorded["metric"],
+  trials, damage = study_lib.whole_trials(study)
+  if damage:
+    unwritten = (f"its study's journal is damaged at {damage}, so the "
+                 "table may miss what came after; rerun the sweep to cut "
+                 "it back")
+  return report.lines(trials, space, recorded["metric"],
                       recorded["direction"], recorded["gin_files"],
                       recorded["gin_params"], recorded["mode"], sweep_dir,
-                      launcher())
+                      launcher(), unwritten)
+
+
+def _writable(directory: str) -> bool:
+  # `os.access` answers for root too on a read-only filesystem (EROFS).
+  return os.access(directory, os.W_OK)
 
 
 def report_only(sweep_dir: str) -> int:
-  """`--report`: the table and results.csv of an existing sweep."""
+  """`--report`: the table of an existing sweep; its results.csv and
+  results.png where the sweep directory can be written. Repairs nothing."""
   if not study_lib.exists(sweep_dir, FLAGS.storage):
     raise errors.ConfigError(f"no sweep in {sweep_dir} to report.")
-  study = optuna.load_study(
-      study_name=study_lib.name(sweep_dir),
-      storage=study_lib.open_storage(sweep_dir, FLAGS.storage))
-  report.print_lines(_report_lines(study, sweep_dir))
+  study = study_lib.load(sweep_dir, FLAGS.storage, repair=False)
+  report.print_lines(_report_lines(
+      study, sweep_dir,
+      "" if _writable(sweep_dir) else f"{sweep_dir} is read-only"))
   return 0
 
 
@@ -170,10 +188,8 @@ def prepare(sweep_dir: str, ahead: Optional[warm.Ahead] = None):
                                        space)
     if exists:
       study_lib.check_identity(
-          optuna.load_study(
-              study_name=study_lib.name(sweep_dir),
-              storage=study_lib.open_storage(sweep_dir, FLAGS.storage)),
-          wanted, sweep_dir)
+          study_lib.load(sweep_dir, FLAGS.storage, repair=False), wanted,
+          sweep_dir)
     if ahead is not None:
       ahead.first_trial()
     if not exists:
@@ -208,12 +224,16 @@ def sweep(sweep_dir: str, ahead: Optional[warm.Ahead] = None) -> int:
   for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
     signal.signal(signum, lambda signum, _: runner.interrupt(signum))
   runner.run(FLAGS.parallel)
+  if runner.error:  # The disk is full or read-only: writing more fails too.
+    cli.fail(runner.error, exit_code=1, program=PROGRAM)
   report.print_lines(_report_lines(study, sweep_dir))
   if runner.first_failure:
     cli.fail(runner.first_failure, exit_code=1, program=PROGRAM)
   if runner.stop.is_set():
     console.info("sweep | stopped: rerun the same command to resume")
     return STOPPED_EXIT_CODE
+  if runner.killed:
+    cli.fail(runner.killed_line(), exit_code=1, program=PROGRAM)
   return 0
 
 
@@ -236,3 +256,7 @@ def main(ahead: Optional[warm.Ahead] = None) -> None:
     sys.exit(sweep(FLAGS.sweep_dir, ahead))
   except errors.ConfigError as e:
     cli.fail(str(e), program=PROGRAM)
+  except OSError as e:
+    if e.errno not in _DISK_ERRORS:
+      raise
+    cli.fail(worker.disk_error(e), exit_code=1, program=PROGRAM)

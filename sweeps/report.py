@@ -33,9 +33,21 @@ _ORDER = {TrialState.COMPLETE: 0, TrialState.PRUNED: 1, TrialState.RUNNING: 2,
           TrialState.WAITING: 3, TrialState.FAIL: 4}
 
 
-def trial_dir(sweep_dir: str, number: int) -> str:
-  """A trial's model_dir."""
-  return os.path.join(sweep_dir, f"trial-{number}")
+def model_dir(sweep_dir: str, trial) -> str:
+  """A trial's model_dir: `trial-<n>`, or the fresh one it got because a
+  run of other bindings was there (its `model_dir` attribute, relative to
+  the sweep directory, which may be renamed). `trial`: a `FrozenTrial` or
+  a `Trial`."""
+  return os.path.join(sweep_dir, trial.user_attrs.get(
+      "model_dir", f"trial-{trial.number}"))
+
+
+def state(trial: optuna.trial.FrozenTrial) -> str:
+  """The trial's state; KILLED for a RUNNING one whose process a signal
+  killed, which a rerun resumes."""
+  if trial.state == TrialState.RUNNING and trial.user_attrs.get("killed"):
+    return "KILLED"
+  return trial.state.name
 
 
 def metric_value(trial: optuna.trial.FrozenTrial) -> Optional[float]:
@@ -71,7 +83,7 @@ def rows(trials: Sequence[optuna.trial.FrozenTrial],
   """One dict per trial, in the given order: the CSV's rows."""
   found = []
   for trial in trials:
-    row = {"trial": trial.number, "state": trial.state.name,
+    row = {"trial": trial.number, "state": state(trial),
            metric: metric_value(trial),
            "steps": trial.user_attrs.get("steps"),
            "seconds": trial.user_attrs.get("seconds")}
@@ -79,7 +91,7 @@ def rows(trials: Sequence[optuna.trial.FrozenTrial],
       value = trial.params.get(dimension.binding)
       row[dimension.binding] = (None if value is None else
                                 space_lib.plain_value(value))
-    row["model_dir"] = trial_dir(sweep_dir, trial.number)
+    row["model_dir"] = model_dir(sweep_dir, trial)
     row["cause"] = trial.user_attrs.get("cause", "")
     found.append(row)
   return found
@@ -125,18 +137,20 @@ def best_command(trial: optuna.trial.FrozenTrial, gin_files: Sequence[str],
   sweep's `--launcher`, if any)."""
   params = list(gin_params) + space_lib.gin_params(trial.params)
   return shlex.join([*launcher, *trial_run.command(
-      gin_files, params, mode, trial_dir(sweep_dir, trial.number))])
+      gin_files, params, mode, model_dir(sweep_dir, trial))])
 
 
 def lines(trials: Sequence[optuna.trial.FrozenTrial],
           space: Sequence[space_lib.Dimension], metric: str, direction: str,
           gin_files: Sequence[str], gin_params: Sequence[str], mode: str,
-          sweep_dir: str, launcher: Sequence[str] = ()) -> List[str]:
+          sweep_dir: str, launcher: Sequence[str] = (),
+          unwritten: str = "") -> List[str]:
   """The closing report; writes `results.csv` and `results.png` on the
-  way. `launcher` (`--launcher`) prefixes the best trial's command."""
+  way, unless `unwritten` says why not. `launcher` (`--launcher`) prefixes
+  the best trial's command."""
   ordered = sorted_trials(trials, direction)
   found = rows(ordered, space, metric, sweep_dir)
-  counts = collections.Counter(trial.state.name for trial in ordered)
+  counts = collections.Counter(row["state"] for row in found)
   said = [f"sweep | {len(ordered)} trials: " +
           ", ".join(f"{count} {state}" for state, count in
                     sorted(counts.items())) + f" | {metric}, {direction}"]
@@ -148,10 +162,13 @@ def lines(trials: Sequence[optuna.trial.FrozenTrial],
                 f"{metric} at the step they were pruned at")
   said += [f"sweep | trial {row['trial']} {row['state']}: {row['cause']}"
            for row in found if row["cause"]]
-  said.append(f"sweep | results in {write_csv(sweep_dir, found)}")
-  drawn = plot.write(sweep_dir, found, space, metric)
-  if drawn:
-    said.append(f"sweep | {metric} against each binding in {drawn}")
+  if unwritten:
+    said.append(f"sweep | {CSV} and {plot.PNG} not written: {unwritten}")
+  else:
+    said.append(f"sweep | results in {write_csv(sweep_dir, found)}")
+    drawn = plot.write(sweep_dir, found, space, metric)
+    if drawn:
+      said.append(f"sweep | {metric} against each binding in {drawn}")
   complete = [t for t in ordered if t.state == TrialState.COMPLETE]
   if complete:
     best = complete[0]

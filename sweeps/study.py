@@ -5,13 +5,18 @@ file storage: nothing to start, and made for shared filesystems (a
 cluster's NFS). `--storage` takes an RDB URL instead (SQLite, PostgreSQL).
 A study records what it sweeps (the space, the metric and direction, the
 base configuration); a command asking for another is refused, not mixed in.
+A journal holds one sweep's study: found whatever its name, so that a
+renamed sweep directory keeps it.
 """
 
+import errno
 import os
-from typing import Any, Dict, Optional, Sequence
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import optuna
 
+from sweeps import journal
 from sweeps import space as space_lib
 from trainer import errors
 
@@ -20,28 +25,76 @@ SAMPLERS = ("grid", "random", "tpe")
 PRUNERS = ("none", "median", "hyperband")
 DIRECTIONS = ("maximize", "minimize")
 _IDENTITY = "sweep"
+# Longer than an append of a few records takes (milliseconds).
+_WRITE_SECONDS = 0.5
 
 
-def name(sweep_dir: str) -> str:
-  """The study's name: the sweep directory's name."""
+def name(sweep_dir: str,
+         storage: Optional[optuna.storages.BaseStorage] = None) -> str:
+  """The study's name: a journal's only study's, else the sweep
+  directory's name (a new study's, and an RDB's study)."""
+  if isinstance(storage, journal.Storage):
+    names = optuna.study.get_all_study_names(storage)
+    if len(names) == 1:
+      return names[0]
   return os.path.basename(os.path.abspath(sweep_dir)) or "sweep"
 
 
-def open_storage(sweep_dir: str, url: Optional[str]
+def open_storage(sweep_dir: str, url: Optional[str], repair: bool = True
                  ) -> optuna.storages.BaseStorage:
-  """Opens (creating if needed) the study's storage."""
+  """Opens (creating if needed) the study's storage; a journal's bad tail
+  is cut back first (`sweeps.journal`) unless `repair` is False (a read
+  that writes nothing: it stops at the bad record).
+
+  Raises:
+    OSError: A bad tail cannot be cut (a read-only or full disk).
+  """
   if url:
     return optuna.storages.RDBStorage(url)
-  os.makedirs(sweep_dir, exist_ok=True)
-  return optuna.storages.JournalStorage(
-      optuna.storages.journal.JournalFileBackend(
-          os.path.join(sweep_dir, JOURNAL)))
+  path = os.path.join(sweep_dir, JOURNAL)
+  if repair:
+    os.makedirs(sweep_dir, exist_ok=True)
+    journal.repair(path)
+  elif not os.path.exists(path):
+    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+  return journal.Storage(path)
+
+
+def load(sweep_dir: str, url: Optional[str], repair: bool = True
+         ) -> optuna.Study:
+  """Loads the sweep's existing study (`open_storage`)."""
+  storage = open_storage(sweep_dir, url, repair)
+  return optuna.load_study(study_name=name(sweep_dir, storage),
+                           storage=storage)
+
+
+def damage(study: optuna.Study) -> Optional[str]:
+  """Where the last read of a journal study stopped at a bad record (or
+  one being written), or None: the study read is then the state before
+  it."""
+  # pylint: disable-next=protected-access
+  return getattr(study._storage, "damage", None)
+
+
+def whole_trials(study: optuna.Study
+                 ) -> Tuple[List[optuna.trial.FrozenTrial], Optional[str]]:
+  """The study's trials, and where the read stopped at a bad record if it
+  did (None: the read is whole). A record that another process was
+  writing is whole when read again a moment later; a damaged one is not.
+  """
+  trials = study.get_trials()
+  if damage(study):
+    time.sleep(_WRITE_SECONDS)
+    trials = study.get_trials()
+  return trials, damage(study)
 
 
 def exists(sweep_dir: str, url: Optional[str]) -> bool:
   """Whether the sweep's study exists; writes nothing for a journal."""
-  if not url and not os.path.exists(os.path.join(sweep_dir, JOURNAL)):
-    return False
+  if not url:
+    return os.path.exists(os.path.join(sweep_dir, JOURNAL)) and bool(
+        optuna.study.get_all_study_names(open_storage(sweep_dir, url,
+                                                      repair=False)))
   try:
     names = optuna.study.get_all_study_names(open_storage(sweep_dir, url))
   except Exception as e:  # A bad URL, a missing driver, a server down.
@@ -124,7 +177,7 @@ def open_study(sweep_dir: str, url: Optional[str], wanted: Dict[str, Any],
   """
   storage = open_storage(sweep_dir, url)
   study = optuna.create_study(
-      storage=storage, study_name=name(sweep_dir), sampler=sampler_,
+      storage=storage, study_name=name(sweep_dir, storage), sampler=sampler_,
       pruner=pruner_, direction=wanted["direction"], load_if_exists=True)
   if _IDENTITY not in study.user_attrs and not study.trials:
     study.set_user_attr(_IDENTITY, wanted)

@@ -8,6 +8,7 @@ preemption code.
 """
 
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -26,6 +27,12 @@ TRAIN_PY = os.path.join(REPO_ROOT, "train.py")
 LOG = "sweep.log"
 
 COMPLETE, FAIL, PRUNED, STOPPED = "COMPLETE", "FAIL", "PRUNED", "STOPPED"
+KILLED = "KILLED"
+# What a failed run says when its disk is full (train.py's error line
+# carries the OS's text).
+NO_SPACE = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+# Hints on the signals that end a process without its say.
+_HINTS = {signal.SIGKILL: ": out of memory?"}
 
 # A trial under a launcher (`srun`): the launcher, which passes SIGTERM on
 # to its tasks, gets SIGTERM when the sweep thread that started it dies,
@@ -44,8 +51,9 @@ class Outcome:
   """How a trial's process ended.
 
   Attributes:
-    state: COMPLETE, FAIL, PRUNED, or STOPPED (the sweep was stopped; the
-      trial stays RUNNING, to be resumed).
+    state: COMPLETE, FAIL, PRUNED, STOPPED (the sweep was stopped; the
+      trial stays RUNNING, to be resumed) or KILLED (by a signal it could
+      not handle, SIGKILL from the OOM killer most often).
     value: The metric at the last evaluation, or None.
     step: The last step the process reported.
     seconds: The process's wall time.
@@ -97,6 +105,20 @@ def cause(lines: Sequence[str], returncode: int) -> str:
       return line[len("train.py: "):]
   last = lines[-1] if lines else "no output"
   return f"exit code {returncode}: {last}"
+
+
+def killed_cause(signum: int, step: int) -> str:
+  """`killed by SIGKILL at step 200: out of memory?`."""
+  try:
+    name = signal.Signals(signum).name
+  except ValueError:
+    name = f"signal {signum}"
+  return f"killed by {name} at step {step}{_HINTS.get(signum, '')}"
+
+
+def no_space(cause_line: str) -> bool:
+  """Whether a failed run's line says its disk is full."""
+  return any(text in cause_line for text in NO_SPACE)
 
 
 def _last_step(lines: Sequence[str]) -> int:
@@ -271,6 +293,9 @@ class TrialProcess:
       # Preempted (the sweep stopped, or a scheduler signalled the job):
       # checkpoint saved, to be resumed.
       return Outcome(STOPPED, last, step, seconds)
+    if returncode < 0:  # Killed by a signal it had no handler for.
+      return Outcome(KILLED, last, step, seconds,
+                     killed_cause(-returncode, step))
     if returncode != 0:
       return Outcome(FAIL, last, step, seconds, cause(lines, returncode))
     if last is None:

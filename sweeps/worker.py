@@ -7,12 +7,22 @@ while the study has fewer than the total. So `--n_trials` counts each
 trial once however often it is interrupted, and two workers, in one
 process or several (`--parallel`, SLURM array tasks), never run the same
 trial.
+
+Each trial's model_dir records the configuration it was made for
+(`trial.json`): a trial never runs in a directory made for other bindings
+(a sweep that lost its study, say), but in a fresh one, `trial-<n>.<k>`.
+A trial whose process a signal killed (SIGKILL: the OOM killer) stays
+RUNNING, marked killed: a rerun resumes it from its checkpoint, up to
+`KILL_RETRIES` times.
 """
 
 import dataclasses
+import errno
+import itertools
 import os
+import signal
 import threading
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import optuna
 from optuna.trial import TrialState
@@ -24,9 +34,27 @@ from sweeps import space as space_lib
 from sweeps import trial_run
 from sweeps import warm
 from trainer import console
+from trainer.storage import files
 
 # How long a resumed trial waits for its killed predecessor to save.
 _TRAINER_WAIT_SECONDS = 300.0
+# How often a rerun resumes a trial that a signal killed; killed once more,
+# it is recorded FAIL.
+KILL_RETRIES = 2
+# In each trial's model_dir: the configuration it was made for.
+RECORD = "trial.json"
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_error(e: OSError) -> str:
+  """The one line for a write the disk refused: full, or read-only."""
+  where = e.filename or "the sweep directory"
+  if e.errno in _FULL:
+    return (f"{where}: {e.strerror or e}: free some space, then rerun the "
+            "same command to continue.")
+  return (f"{where}: {e.strerror or e}: a sweep writes its study, locks "
+          "and trials in --sweep_dir; give one it can write (--report "
+          "only reads).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +102,9 @@ class Sweep:
       checkpoint and stay RUNNING, to be resumed.
     first_failure: The first failed trial's line, once `stop_after_failures`
       trials failed and none did better; None otherwise.
+    error: Why the sweep stopped early, as one line (a full or read-only
+      disk, a trial directory made for other bindings); None otherwise.
+    killed: The line of each trial a signal killed, to be resumed.
   """
 
   def __init__(self, study: optuna.Study, plan: Plan,
@@ -85,6 +116,10 @@ class Sweep:
     self._spares = spares
     self.stop = threading.Event()
     self.first_failure: Optional[str] = None
+    self.error: Optional[str] = None
+    self.killed: List[str] = []
+    # Killed here: resumed by a rerun, not again by this process.
+    self._killed: Set[int] = set()
     self._running: Set[trial_run.TrialProcess] = set()
     self._running_lock = threading.Lock()
 
@@ -108,20 +143,52 @@ class Sweep:
     if self._spares is not None:
       self._spares.close()
 
-  def _work(self) -> None:
-    while not self.stop.is_set():
-      claimed = self._claim()
-      if claimed is None:
-        return
-      trial, lock, earlier = claimed
-      try:
-        self._run(trial, earlier)
-      finally:
-        locks.release(lock)
+  def _fail(self, line: str) -> None:
+    """Stops the sweep on an error: running trials checkpoint and stay
+    RUNNING, to be resumed once it is fixed."""
+    with self._running_lock:
+      if self.error is None:
+        self.error = line
+    self.interrupt(signal.SIGTERM)
 
-  def _trial_lock(self, number: int) -> str:
-    return os.path.join(report.trial_dir(self._plan.sweep_dir, number),
-                        locks.TRIAL)
+  def _work(self) -> None:
+    try:
+      while not self.stop.is_set():
+        claimed = self._claim()
+        if claimed is None:
+          return
+        trial, lock, earlier = claimed
+        try:
+          self._run(trial, earlier)
+        finally:
+          locks.release(lock)
+    except OSError as e:  # A full or read-only disk: the study is as it was.
+      self._fail(disk_error(e))
+
+  def _record(self, params: Dict[str, Any]) -> Dict[str, Any]:
+    """What a trial's model_dir is made for: its train.py configuration."""
+    return {"gin_files": list(self._plan.gin_files),
+            "gin_params": (list(self._plan.gin_params) +
+                           _bindings(self._plan, params)),
+            "mode": self._plan.mode}
+
+  def _fresh_dir(self, number: int, record: Dict[str, Any]) -> str:
+    """`trial-<n>`, or if a run of another configuration is there, the
+    first `trial-<n>.<k>` free or made for `record`; records it there."""
+    taken = None
+    for k in itertools.count(1):
+      name = f"trial-{number}" + (f".{k}" if k > 1 else "")
+      path = os.path.join(self._plan.sweep_dir, name)
+      found = _read_record(path)
+      if found == record or not _used(path):
+        break
+      if taken is None:
+        taken = f"{path} {_made_for(found, record)}"
+    if taken:  # Left as it is: its run may be all that is left of it.
+      console.info(f"sweep | trial {number}: {taken}: this trial runs in "
+                   f"{path}")
+    files.write_json(os.path.join(path, RECORD), record)
+    return name
 
   def _claim(self) -> Optional[
       Tuple[optuna.Trial, int, Optional[optuna.trial.FrozenTrial]]]:
@@ -130,8 +197,10 @@ class Sweep:
     with locks.held(os.path.join(self._plan.sweep_dir, locks.CLAIMS)):
       trials = self._study.get_trials(deepcopy=False)
       for frozen in trials:
-        if frozen.state == TrialState.RUNNING:
-          lock = locks.try_lock(self._trial_lock(frozen.number))
+        if (frozen.state == TrialState.RUNNING and
+            frozen.number not in self._killed):
+          lock = locks.try_lock(os.path.join(
+              report.model_dir(self._plan.sweep_dir, frozen), locks.TRIAL))
           if lock is not None:
             # Optuna's ask-and-tell has no public way back to a RUNNING
             # trial of the storage: its id is private.
@@ -142,14 +211,29 @@ class Sweep:
         return None
       trial = self._study.ask({dimension.binding: dimension.distribution()
                                for dimension in self._plan.space})
-      lock = locks.try_lock(self._trial_lock(trial.number))
+      name = self._fresh_dir(trial.number, self._record(trial.params))
+      trial.set_user_attr("model_dir", name)
+      lock = locks.try_lock(os.path.join(self._plan.sweep_dir, name,
+                                         locks.TRIAL))
       return trial, lock, None
 
   def _run(self, trial: optuna.Trial,
            earlier: Optional[optuna.trial.FrozenTrial]) -> None:
     plan = self._plan
-    model_dir = report.trial_dir(plan.sweep_dir, trial.number)
+    model_dir = report.model_dir(plan.sweep_dir, trial)
     bindings = _bindings(plan, trial.params)
+    if earlier:
+      record = self._record(trial.params)
+      found = _read_record(model_dir)
+      if found is not None and found != record:
+        self._fail(f"trial {trial.number}: {model_dir} "
+                   f"{_made_for(found, record)}, not {' '.join(bindings)}: "
+                   "move it away, then rerun the same command.")
+        return
+      if found is None:  # Made before trial directories had a record.
+        files.write_json(os.path.join(model_dir, RECORD), record)
+      if earlier.user_attrs.get("killed"):
+        trial.set_user_attr("killed", False)
     console.info(f"sweep | trial {trial.number} "
                  f"{'resume' if earlier else 'start'} | {' '.join(bindings)}"
                  f" | {model_dir}")
@@ -183,12 +267,36 @@ class Sweep:
     finally:
       with self._running_lock:
         self._running.discard(process)
+    self._settle(trial, earlier, outcome, bindings, model_dir)
+
+  def _settle(self, trial: optuna.Trial,
+              earlier: Optional[optuna.trial.FrozenTrial],
+              outcome: trial_run.Outcome, bindings: List[str],
+              model_dir: str) -> None:
+    """Records how the trial's process ended (in the study, and as its
+    HParams session's end in `model_dir`), and says it."""
+    plan = self._plan
     seconds = (earlier.user_attrs.get("seconds", 0.0) if earlier else 0.0
                ) + outcome.seconds
     trial.set_user_attr("seconds", round(seconds, 1))
     trial.set_user_attr("steps", outcome.step)
-    if outcome.cause:
-      trial.set_user_attr("cause", outcome.cause)
+    cause = outcome.cause
+    if outcome.state == trial_run.FAIL and trial_run.no_space(cause):
+      # Not the trial's fault: it resumes once there is space.
+      self._fail(f"trial {trial.number}: {cause}: free some space, then "
+                 "rerun the same command to continue.")
+      return
+    if outcome.state == trial_run.KILLED:
+      kills = (earlier.user_attrs.get("kills", 0) if earlier else 0) + 1
+      trial.set_user_attr("kills", kills)
+      if kills <= KILL_RETRIES:
+        cause += (f"; rerun to resume it (retry {kills} of "
+                  f"{KILL_RETRIES})")
+      else:
+        outcome.state = trial_run.FAIL
+        cause += f" ({kills} times: not resumed again)"
+    if cause or earlier and earlier.user_attrs.get("cause"):
+      trial.set_user_attr("cause", cause)
     metric = ("-" if outcome.value is None else f"{outcome.value:.4f}")
     line = (f"sweep | trial {trial.number} {outcome.state} | {plan.metric} "
             f"{metric} | step {outcome.step} | {outcome.seconds:.1f} s | "
@@ -197,13 +305,26 @@ class Sweep:
       self.stop.set()
       console.info(line + " | checkpoint saved; rerun to resume it")
       return
-    console.info(line + (f" | {outcome.cause}" if outcome.cause else ""))
+    console.info(line + (f" | {cause}" if cause else ""))
+    if outcome.state == trial_run.KILLED:
+      # Left RUNNING with its checkpoint; its lock is released on return.
+      # No session end: the rerun resumes it.
+      trial.set_user_attr("killed", True)
+      self._killed.add(trial.number)
+      self.killed.append(f"trial {trial.number} {cause}")
+      return
     hparams.write_session_end(model_dir, outcome.state)
     if outcome.state == trial_run.COMPLETE:
       self._study.tell(trial, outcome.value)
     else:
       self._study.tell(trial, state=getattr(TrialState, outcome.state))
     self._check_failures()
+
+  def killed_line(self) -> str:
+    """The one line for the trials a signal killed (`killed`)."""
+    if len(self.killed) == 1:
+      return self.killed[0] + "."
+    return (f"{len(self.killed)} trials were killed; {self.killed[0]}.")
 
   def _check_failures(self) -> None:
     """Stops the sweep once the first `stop_after_failures` trials to end
@@ -218,3 +339,30 @@ class Sweep:
                             f"{first.number}: "
                             f"{first.user_attrs.get('cause', '?')}")
       self.stop.set()
+
+
+def _read_record(model_dir: str) -> Optional[Dict[str, Any]]:
+  """The configuration `model_dir` was made for; None if unrecorded."""
+  try:
+    found = files.read_json(os.path.join(model_dir, RECORD))
+  except ValueError:  # Damaged: it proves nothing.
+    return {}
+  return found
+
+
+def _used(model_dir: str) -> bool:
+  """Whether `model_dir` holds anything besides a trial lock."""
+  try:
+    return bool(set(os.listdir(model_dir)) - {locks.TRIAL})
+  except FileNotFoundError:
+    return False
+
+
+def _made_for(found: Optional[Dict[str, Any]],
+              record: Dict[str, Any]) -> str:
+  """`was made for a.b=1`: the bindings of `found` that `record` lacks."""
+  if not found:
+    return "holds a run with no record of its bindings"
+  other = [param for param in found.get("gin_params", [])
+           if param not in record["gin_params"]]
+  return f"was made for {' '.join(other) or 'another configuration'}"

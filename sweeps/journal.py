@@ -1,0 +1,216 @@
+"""Optuna's journal file, kept whole: nothing is ever appended after a bad
+record.
+
+The journal is one JSON record a line, appended under Optuna's lock. A
+full disk or a crash mid-write leaves a torn last line, and a stray write
+can leave a garbage one. Optuna reads past such a tail, but appends after
+it: the next record then shares a line with the torn one, and from the
+record after that every read fails with `JSONDecodeError`. So here:
+
+- a read stops at the first bad record, so the study read is always the
+  state after some whole record (`Storage.damage` says when one was met);
+- an append first checks, under the lock, that the file ends with a whole
+  record, and cuts a bad tail back (`repair`) before it writes; a write
+  that fails (a full disk) is cut back, so it leaves no torn record;
+- `repair` keeps the damaged file aside (`study.journal.damaged-<n>`) and
+  says in one line what it dropped.
+"""
+
+import contextlib
+import json
+import os
+from typing import Any, Dict, Generator, Iterator, Optional, Tuple
+
+import optuna
+from optuna.storages import journal as optuna_journal
+
+from trainer import console
+from trainer.storage import files
+
+DAMAGED = ".damaged-"
+# The tail read back to find the last record (records are a few hundred
+# bytes; a longer one is read whole).
+_TAIL_BYTES = 1 << 16
+
+
+def _whole(line: bytes) -> bool:
+  """Whether `line` is a whole record: a JSON object and its newline."""
+  if not line.endswith(b"\n"):
+    return False
+  try:
+    return isinstance(json.loads(line), dict)
+  except ValueError:  # JSONDecodeError, or bytes that are not UTF-8.
+    return False
+
+
+def scan(path: str) -> Tuple[int, int, int]:
+  """Returns the whole records from the start of `path`, the bytes they
+  take, and the file's size: the two sizes differ when its tail is bad."""
+  records = good = 0
+  with open(path, "rb") as f:
+    size = os.fstat(f.fileno()).st_size
+    for line in f:
+      if not _whole(line):
+        break
+      records += 1
+      good += len(line)
+  return records, good, size
+
+
+def _last_line_whole(path: str) -> bool:
+  """Whether `path` is empty or ends with a whole record (read from its
+  end: an append checks this, not the whole file)."""
+  with open(path, "rb") as f:
+    size = os.fstat(f.fileno()).st_size
+    if size == 0:
+      return True
+    back = min(size, _TAIL_BYTES)
+    while True:
+      f.seek(size - back)
+      tail = f.read(back)
+      start = tail.rfind(b"\n", 0, len(tail) - 1)
+      if start >= 0 or back == size:
+        return _whole(tail[start + 1:])
+      back = min(size, back * 2)
+
+
+def _aside(path: str) -> str:
+  number = 1
+  while os.path.exists(f"{path}{DAMAGED}{number}"):
+    number += 1
+  return f"{path}{DAMAGED}{number}"
+
+
+def _cut(path: str) -> Optional[str]:
+  """Cuts `path` back to its last whole record, keeping the damaged file
+  aside; returns the line saying so, or None if it was whole. The caller
+  holds the journal's lock (so no write is in progress)."""
+  records, good, size = scan(path)
+  if good == size:
+    return None
+  with open(path, "rb") as f:
+    damaged = f.read()
+  aside = _aside(path)
+  files.write_bytes(aside, damaged)
+  dropped = damaged[good:].count(b"\n") + (not damaged.endswith(b"\n"))
+  os.truncate(path, good)
+  return (f"sweep | {path}: dropped {size - good} bytes after record "
+          f"{records} ({dropped} line{'s' if dropped != 1 else ''} not "
+          f"whole or after one); the damaged file is kept as {aside}")
+
+
+def _lock(path: str) -> optuna_journal.JournalFileSymlinkLock:
+  # Optuna's default lock for the file, which every append takes.
+  return optuna_journal.JournalFileSymlinkLock(path)
+
+
+@contextlib.contextmanager
+def _held(lock: optuna_journal.JournalFileSymlinkLock) -> Iterator[None]:
+  lock.acquire()
+  try:
+    yield
+  finally:
+    lock.release()
+
+
+def repair(path: str) -> Optional[str]:
+  """Cuts a bad tail of the journal `path` back to its last whole record,
+  under the journal's lock; says so in one line (also returned).
+
+  Raises:
+    OSError: The file cannot be written (a read-only or full disk).
+  """
+  if not os.path.exists(path):
+    return None
+  _, good, size = scan(path)
+  if good == size:
+    return None
+  # Scanned again under the lock: a last line found short may have been
+  # one another process was writing, whole by now.
+  with _held(_lock(path)):
+    said = _cut(path)
+  if said:
+    console.info(said)
+  return said
+
+
+class Backend(optuna_journal.JournalFileBackend):
+  """Optuna's `JournalFileBackend`, reading only up to a bad record and
+  never appending after one.
+
+  Attributes:
+    damage: Where the last read stopped at a bad record (`record N (byte
+      B)`), or None. A record being written reads as one too.
+  """
+
+  def __init__(self, file_path: str):
+    super().__init__(file_path, _lock(file_path))
+    self.damage: Optional[str] = None
+    self._offsets: Dict[int, int] = {0: 0}
+
+  def read_logs(self, log_number_from: int
+                ) -> Generator[Dict[str, Any], None, None]:
+    self.damage = None
+    with open(self._file_path, "rb") as f:
+      # Lines appended while this reads are left to the next read.
+      size = os.fstat(f.fileno()).st_size
+      number = log_number_from if log_number_from in self._offsets else 0
+      offset = self._offsets[number]
+      f.seek(offset)
+      for line in f:
+        if offset + len(line) > size:
+          return  # Written since this read began.
+        try:
+          record = json.loads(line) if line.endswith(b"\n") else None
+        except ValueError:
+          record = None
+        if not isinstance(record, dict):
+          # Garbage, or a torn record; or, with no newline yet, one being
+          # written: a reader cannot tell, and looks again to see.
+          self.damage = f"record {number + 1} (byte {offset})"
+          return
+        offset += len(line)
+        number += 1
+        self._offsets[number] = offset
+        if number > log_number_from:
+          yield record
+
+  def append_logs(self, logs) -> None:
+    data = "".join(json.dumps(log, separators=(",", ":")) + "\n"
+                   for log in logs).encode("utf-8")
+    with _held(self._lock):
+      # Under the lock no write is in progress: a tail that is not a whole
+      # record is damage, and a record written after it would be lost.
+      if not _last_line_whole(self._file_path):
+        said = _cut(self._file_path)
+        if said:
+          console.info(said)
+      fd = os.open(self._file_path, os.O_WRONLY | os.O_APPEND)
+      try:
+        start = os.fstat(fd).st_size
+        try:
+          written = 0
+          while written < len(data):
+            written += os.write(fd, data[written:])
+          os.fsync(fd)
+        except OSError as e:
+          # A full disk: no torn record is left for the next append.
+          os.ftruncate(fd, start)
+          raise OSError(e.errno, e.strerror, self._file_path) from e
+      finally:
+        os.close(fd)
+
+
+class Storage(optuna.storages.JournalStorage):
+  """Optuna's journal storage on `Backend`, for the file `path`."""
+
+  def __init__(self, path: str):
+    self._file = Backend(path)
+    super().__init__(self._file)
+
+  @property
+  def damage(self) -> Optional[str]:
+    """Where the last read of the file stopped at a bad record (or one
+    being written), or None: the study read is then the state before it,
+    not all of it."""
+    return self._file.damage
