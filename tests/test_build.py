@@ -32,9 +32,12 @@ def test_checkpoint_items_hold_the_state_and_a_trainers_counters():
                                                        "model"]
   items = build.checkpoint_items(state, parts.trainer, with_input=True)
   assert sorted(items) == sorted(["discarded_batches", "global_step", "model",
-                                  "optimizer", checkpoints.INPUT_POSITION])
+                                  "optimizer", checkpoints.INPUT_POSITION,
+                                  checkpoints.BATCH_SIZE])
   assert items[checkpoints.INPUT_POSITION] is parts.trainer.train_iterator
   assert items["discarded_batches"] is parts.trainer.discarded_batches
+  assert int(items[checkpoints.BATCH_SIZE].numpy()) == (
+      parts.config.global_batch_size)
   assert checkpoints.INPUT_POSITION not in build.checkpoint_items(
       state, parts.trainer)
 

@@ -9,6 +9,7 @@ and optimizers, a model pipelined over 2 devices. Real processes. (The tf.data s
 reproducible order: its campaign, in test_data_service.py, checks the
 resume step instead.)"""
 
+import dataclasses
 import os
 import random
 import shutil
@@ -160,6 +161,35 @@ def test_a_resume_takes_a_new_rate_and_batch_and_says_so(trained, tmp_path):
   assert helpers.checkpoint_step(model_dir) == 60
 
 
+def test_the_checkpoint_s_batch_size_decides_not_a_later_run_s_config(
+    trained, tmp_path):
+  # A run at batch 128 wrote its configuration after its first loop and was
+  # killed before its first save: the checkpoint is still the batch-64 one.
+  model_dir = str(tmp_path / "run")
+  shutil.copytree(trained, model_dir)
+  config = os.path.join(model_dir, "operative_config.gin")
+  with open(config) as f:
+    text = f.read()
+  assert "trainer.global_batch_size = 64" in text
+  with open(config, "w") as f:
+    f.write(text.replace("trainer.global_batch_size = 64",
+                         "trainer.global_batch_size = 128"))
+  assert tf.train.load_checkpoint(model_dir).get_tensor(
+      "global_batch_size/.ATTRIBUTES/VARIABLE_VALUE") == 64
+
+  finished = helpers.run_cli(_DIGITS + [
+      f"--model_dir={model_dir}", "--gin_param=trainer.train_steps=40",
+      "--gin_param=trainer.global_batch_size=128"])
+  assert finished.returncode == 0, finished.stderr[-2000:]
+  assert _lines(finished, "resume |") == [
+      "resume | changed since step 20: trainer.train_steps 20 -> 40"]
+  assert _lines(finished, "input |") == [
+      "input | resuming with global batch 128 (64 before): skips 10 "
+      "batch(es) of 128, the 1280 examples trained on before"]
+  assert tf.train.load_checkpoint(model_dir).get_tensor(
+      "global_batch_size/.ATTRIBUTES/VARIABLE_VALUE") == 128
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("param, line", [
     ('optimizer.name="sgd"',
@@ -200,6 +230,12 @@ def test_the_batch_sizes_are_read_only_where_they_changed():
   assert _resumed_with(trainer__train_steps=("100", "200")
                        ).batch_sizes is None
   assert _resumed_with().line() is None
+  # The checkpoint's own record decides over the configuration files.
+  recorded = _resumed_with(trainer__global_batch_size=("64", "128"))
+  assert dataclasses.replace(recorded, recorded_batch_size=128,
+                             batch_size=128).batch_sizes is None
+  assert dataclasses.replace(_resumed_with(), recorded_batch_size=64,
+                             batch_size=128).batch_sizes == (64, 128)
 
 
 def test_a_checkpoint_of_another_model_names_the_models_bindings():

@@ -139,13 +139,15 @@ def checkpoint_items(state: state_lib.TrainState,
                      trainer: Optional[runners.TaskTrainer] = None,
                      with_input: bool = False) -> Dict[str, Any]:
   """What a checkpoint holds, by name: the model, the global step, the
-  optimizer if any; with a `trainer`, its count of discarded batches and,
-  if `with_input`, its input position (`checkpoints.INPUT_POSITION`)."""
+  optimizer if any; with a `trainer`, its count of discarded batches, the
+  batch size its input is read in (`checkpoints.BATCH_SIZE`) and, if
+  `with_input`, its input position (`checkpoints.INPUT_POSITION`)."""
   items = {"model": state.model, "global_step": state.global_step}
   if state.optimizer is not None:
     items["optimizer"] = state.optimizer
   if trainer is not None:
     items["discarded_batches"] = trainer.discarded_batches
+    items[checkpoints.BATCH_SIZE] = trainer.input_batch_size
     if with_input:
       items[checkpoints.INPUT_POSITION] = trainer.train_iterator
   return items
@@ -351,9 +353,19 @@ def controller(built: Parts, write_dir: str, *,
           input_stale_until=input_stale_until),
       guard=train.guard, preemption=watcher if training else None,
       hooks=train.hooks,
-      # The run's settings, not the checkpoint's, after every restore.
-      restored_fn=train_state.assign_hyperparameters if training else None)
+      restored_fn=_after_restore(built) if training else None)
   return found
+
+
+def _after_restore(built: Parts) -> Callable[[], None]:
+  """What the controller calls after every restore (the first, a
+  rollback's): the run's settings, not the checkpoint's, from then on."""
+
+  def restored() -> None:
+    built.state.assign_hyperparameters()
+    built.trainer.input_restored()
+
+  return restored
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,16 @@ class ConfigTypeError(ConfigError, TypeError):
 
 class CheckpointMismatch(ConfigError):
   """A checkpoint that does not fit what this run built (another model);
-  a resume adds the settings that changed since it was saved."""
+  a resume adds the settings that changed since it was saved.
+
+  Attributes:
+    names_way_out: Whether the message already says what to do instead
+      (a model added since: which models to warm-start).
+  """
+
+  def __init__(self, message: str, names_way_out: bool = False):
+    super().__init__(message)
+    self.names_way_out = names_way_out
 
 
 class RunError(RuntimeError):

@@ -43,15 +43,29 @@ class Resume:
     step: The step of the checkpoint resumed from.
     checkpoint: Its prefix.
     changes: The bindings that differ from its run's, sorted by name.
+    recorded_batch_size: The global batch size the checkpoint's input was
+      read in, as it records it; None for a checkpoint that does not.
+    batch_size: This run's global batch size.
   """
   step: int
   checkpoint: str
   changes: Tuple[config_changes.Change, ...]
+  recorded_batch_size: Optional[int] = None
+  batch_size: Optional[int] = None
 
   @property
   def batch_sizes(self) -> Optional[Tuple[int, int]]:
-    """`(old, new)` `trainer.global_batch_size` where it changed; None
-    where it did not."""
+    """`(old, new)` global batch size where it changed; None where it did
+    not.
+
+    The checkpoint's own record decides where it has one: the configuration
+    the run before wrote may be a later run's, killed after its first loop
+    and before its first save.
+    """
+    if self.recorded_batch_size is not None and self.batch_size is not None:
+      if self.recorded_batch_size == self.batch_size:
+        return None
+      return self.recorded_batch_size, self.batch_size
     found = config_changes.named(self.changes, "trainer.global_batch_size")
     if not found or found[0].old is None or found[0].new is None:
       return None
@@ -65,7 +79,8 @@ class Resume:
 def compare(parts: build.Parts, restore_dir: str) -> Optional[Resume]:
   """Compares this run's configuration with that of the checkpoint's run,
   for a training run that resumes; None otherwise, or where the run before
-  wrote no configuration (it stopped before its first loop ended).
+  wrote no configuration (it stopped before its first loop ended) and the
+  checkpoint records no batch size.
 
   Call once the parts are built (every configurable has been called) and
   before the restore and the first loop (which writes this run's).
@@ -78,11 +93,18 @@ def compare(parts: build.Parts, restore_dir: str) -> Optional[Resume]:
     return None
   found = checkpoints.candidates(restore_dir)
   step = checkpoints.newest_step(restore_dir)
-  old = config_changes.read(restore_dir)
-  if not found or not step or old is None:
+  if not found or not step:
     return None
-  resume = Resume(step, found[0],
-                  config_changes.changes(old, config_changes.operative()))
+  old = config_changes.read(restore_dir)
+  recorded = _recorded_batch_size(found[0])
+  if old is None and recorded is None:
+    return None
+  resume = Resume(
+      step, found[0],
+      config_changes.changes(old, config_changes.operative())
+      if old is not None else (),
+      recorded_batch_size=recorded,
+      batch_size=parts.config.global_batch_size)
   for change in config_changes.named(resume.changes, "optimizer.name"):
     raise errors.ConfigError(
         f"`{change.binding}` changed since step {step} ({change.old} -> "
@@ -93,11 +115,21 @@ def compare(parts: build.Parts, restore_dir: str) -> Optional[Resume]:
   return resume
 
 
+def _recorded_batch_size(path: str) -> Optional[int]:
+  """The batch size checkpoint `path` records; None where it records none
+  or cannot be read (a damaged one, which the restore passes over)."""
+  try:
+    return checkpoints.recorded_batch_size(path)
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
 def mismatch(error: errors.CheckpointMismatch,
              resume: Optional[Resume]) -> errors.ConfigError:
   """`error` (a checkpoint that does not fit the model), with the bindings
-  of the model that changed since it was saved and the way out."""
-  if resume is None:
+  of the model that changed since it was saved and the way out (unless it
+  says one already: a model added since the checkpoint)."""
+  if resume is None or error.names_way_out:
     return error
   suspects = [str(change) for change in resume.changes
               if change.unscoped.split(".")[0] not in _FRAMEWORK]

@@ -12,6 +12,7 @@ class _Input:
 
   def __init__(self, remote=False, checkpointable=True):
     self.remote = remote
+    self.global_batch_size = 1
     self._checkpointable = checkpointable
     self.builds = 0
 

@@ -262,6 +262,25 @@ def test_a_checkpoint_without_input_position_restores_the_rest(tmp_path,
     checkpoints.restore(other)
 
 
+def test_a_checkpoint_saved_before_batch_sizes_were_recorded_restores(
+    tmp_path):
+  weights = tf.Variable([1.0, 2.0])
+  tf.train.CheckpointManager(tf.train.Checkpoint(model=weights),
+                             str(tmp_path), 3).save(checkpoint_number=3)
+  assert checkpoints.recorded_batch_size(str(tmp_path / "ckpt-3")) is None
+  restored = tf.Variable([0.0, 0.0])
+  batch_size = tf.Variable(128, dtype=tf.int64)
+  manager = tf.train.CheckpointManager(
+      tf.train.Checkpoint(model=restored,
+                          **{checkpoints.BATCH_SIZE: batch_size}),
+      str(tmp_path), 3)
+  assert checkpoints.restore(manager) == str(tmp_path / "ckpt-3")
+  assert restored.numpy().tolist() == [1.0, 2.0]
+  assert int(batch_size.numpy()) == 128  # Left as it was.
+  manager.save(checkpoint_number=4)
+  assert checkpoints.recorded_batch_size(str(tmp_path / "ckpt-4")) == 128
+
+
 def test_a_checkpoint_without_this_models_layers_names_them(tmp_path):
   # Issue 38: a CNN's model_dir resumed with the pipelined task said
   # "variable hidden1/bias has shape (128,) in this model but (32,) in the

@@ -138,6 +138,7 @@ class DistributedInput:
     """
     self._strategy = strategy
     num_replicas = strategy.num_replicas_in_sync
+    self.global_batch_size = global_batch_size
     self.per_replica_batch_size = per_replica_batch_size(
         global_batch_size, num_replicas, batch_size_name)
     # One input pipeline per worker feeds that worker's local replicas.

@@ -21,6 +21,10 @@ class InputPosition:
       the batches a change of batch size added to or took from the count of
       those read (`rebase`); checkpointed, so the input can be skipped to
       `global_step + discarded_batches` on resume.
+    global_batch_size: The batch size the input is read in; checkpointed, so
+      a run resumed with another one knows the size its checkpoint's input
+      position counts in, whatever the configuration files in `model_dir`
+      say (a run killed before its first save has written its own there).
   """
 
   def __init__(self, train_input: inputs_lib.DistributedInput,
@@ -35,6 +39,14 @@ class InputPosition:
     self._read_from = read_from
     self.discarded_batches = tf.Variable(0, dtype=tf.int64, trainable=False,
                                          name="discarded_batches")
+    self.global_batch_size = tf.Variable(
+        train_input.global_batch_size, dtype=tf.int64, trainable=False,
+        name="global_batch_size")
+
+  def restored(self) -> None:
+    """After a restore: what is saved from here on is read in this run's
+    batch size, not the checkpoint's."""
+    self.global_batch_size.assign(self._input.global_batch_size)
 
   def resumption(self, input_position: str, num_workers: int) -> str:
     """Returns how a restarted run finds its place in the input.

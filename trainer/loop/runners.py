@@ -139,8 +139,10 @@ class TaskTrainer(orbit.StandardTrainer):
                                name="loop_status")
     self._position = input_position.InputPosition(self._input,
                                                   self._read_from)
-    # Checkpointed, so the input can be skipped on resume.
+    # Checkpointed, so the input can be skipped on resume, and a resume with
+    # another batch size knows the checkpoint's.
     self.discarded_batches = self._position.discarded_batches
+    self.input_batch_size = self._position.global_batch_size
     self._first_step = first_step_check.FirstStepCheck(
         self.task, self.model, self.optimizer, self.strategy, self._status,
         check_loss_scaling)
@@ -245,6 +247,11 @@ class TaskTrainer(orbit.StandardTrainer):
     discarded (`input_position.InputPosition.skip`); returns the number of
     batches skipped."""
     return self._position.skip(num_batches)
+
+  def input_restored(self) -> None:
+    """Call after every restore: saves from here on record this run's
+    batch size (`input_position.InputPosition.restored`)."""
+    self._position.restored()
 
   def rebase_input(self, step: int, batch_size: int,
                    new_batch_size: int) -> Tuple[int, int]:

@@ -412,6 +412,7 @@ def _raise_if_another_models(checkpoint: tf.train.Checkpoint, path: str,
     errors.CheckpointMismatch: Naming what does not fit.
   """
   mismatch = _missing_models(checkpoint, path)
+  names_way_out = bool(mismatch)
   if not mismatch and shape_mismatch(error):
     # Said only where the variable is there under its own name.
     absent = not_held(checkpoint, path, "model")
@@ -419,11 +420,23 @@ def _raise_if_another_models(checkpoint: tf.train.Checkpoint, path: str,
   mismatch = mismatch or _mismatch(error)
   if mismatch:
     raise errors.CheckpointMismatch(
-        f"checkpoint {path} does not fit this model: {mismatch}.") from error
+        f"checkpoint {path} does not fit this model: {mismatch}.",
+        names_way_out=names_way_out) from error
 
 
 # The name under which a checkpoint holds the training input's iterator.
 INPUT_POSITION = "train_iterator"
+# The name under which it holds the global batch size its input was read in
+# (absent from checkpoints saved before it was recorded).
+BATCH_SIZE = "global_batch_size"
+
+
+def recorded_batch_size(path: str) -> Optional[int]:
+  """The global batch size the input of checkpoint `path` was read in;
+  None where it is not recorded."""
+  reader = tf.train.load_checkpoint(path)
+  key = f"{BATCH_SIZE}/.ATTRIBUTES/VARIABLE_VALUE"
+  return int(reader.get_tensor(key)) if reader.has_tensor(key) else None
 
 
 def _restore_one(checkpoint: tf.train.Checkpoint, path: str,
@@ -436,16 +449,22 @@ def _restore_one(checkpoint: tf.train.Checkpoint, path: str,
     (its iterator then stays at the start); True otherwise.
   """
   children = checkpoint._trackable_children()  # pylint: disable=protected-access
-  position_restored = INPUT_POSITION not in children or any(
-      name.startswith(f"{INPUT_POSITION}/")
-      for name, _ in tf.train.list_variables(path))
+  saved = {name.split("/")[0] for name, _ in tf.train.list_variables(path)}
+  position_restored = INPUT_POSITION not in children or (
+      INPUT_POSITION in saved)
+  left_out = set()
   if not position_restored or not with_input:
     # A checkpoint of a run whose input position could not be saved, read
-    # by one that saves it: everything else must still match. (The save
-    # counter is the Checkpoint's own; saves here are numbered by step.)
+    # by one that saves it: everything else must still match.
+    left_out.add(INPUT_POSITION)
+  if BATCH_SIZE in children and BATCH_SIZE not in saved:
+    left_out.add(BATCH_SIZE)  # Saved before batch sizes were recorded.
+  if left_out:
+    # (The save counter is the Checkpoint's own; saves here are numbered by
+    # step.)
     checkpoint = tf.train.Checkpoint(**{
         name: child for name, child in children.items()
-        if name not in (INPUT_POSITION, "save_counter")})
+        if name not in left_out | {"save_counter"}})
   # Damage in what is read late (optimizer slots) is found now, while the
   # one before can still be restored instead.
   checkpoint_verify.verify(path, {_OBJECT_GRAPH,
