@@ -14,7 +14,7 @@ The loop is the trials themselves, with nothing of the sweep's: no study,
 no checks, no report. The sweep does all of that (its imports, the bad-input
 checks with a `train.py --dry_run`, Optuna's journal, HParams, the table,
 `results.csv` and the plot), and starts each trial's process ahead, so that
-its TensorFlow loads while the trial before trains (`sweeps.warm`). The two
+its TensorFlow loads while the trial before trains (`trainer.sweeps.warm`). The two
 take turns over `--rounds` rounds, the first of a round alternating; each
 must exit 0 with 6 COMPLETE trials (the sweep) or 6 runs at their last
 step (the loop). Reported: the median seconds of each, and `added`, the

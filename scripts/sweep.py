@@ -28,7 +28,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=wrong-import-position
-from sweeps import warm  # noqa: E402  The standard library only.
+from trainer.sweeps import warm  # noqa: E402  The standard library only.
 
 # The dry run's and the first trial's processes load TensorFlow while this
 # process loads its own.
@@ -40,7 +40,7 @@ if importlib.util.find_spec("optuna") is None:
   print("sweep.py: error: optuna is not installed: pip install -e "
         "'.[sweep]' (see docs/sweeps.md)", file=sys.stderr)
   sys.exit(2)
-from sweeps import cli  # noqa: E402
+from trainer.sweeps import cli  # noqa: E402
 
 if __name__ == "__main__":
   cli.main(AHEAD)

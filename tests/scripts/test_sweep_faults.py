@@ -23,11 +23,11 @@ import time
 import optuna
 import pytest
 
-from sweeps import report
-from sweeps import space as space_lib
-from sweeps import study as study_lib
-from sweeps import trial_run
-from sweeps import worker
+from trainer.sweeps import report
+from trainer.sweeps import space as space_lib
+from trainer.sweeps import study as study_lib
+from trainer.sweeps import trial_run
+from trainer.sweeps import worker
 
 import helpers
 import test_sweep

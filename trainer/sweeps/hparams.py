@@ -19,7 +19,7 @@ from tensorboard.plugins.hparams import metadata
 from tensorboard.plugins.hparams import plugin_data_pb2
 from tensorboard.summary.writer import event_file_writer
 
-from sweeps import space as space_lib
+from trainer.sweeps import space as space_lib
 
 EVAL_GROUP = "eval"
 

@@ -14,9 +14,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import gin
 
-from sweeps import space as space_lib
-from sweeps import trial_run
-from sweeps import warm
+from trainer.sweeps import space as space_lib
+from trainer.sweeps import trial_run
+from trainer.sweeps import warm
 from trainer import errors
 from trainer import experiment
 from trainer import gin_config

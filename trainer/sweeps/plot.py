@@ -18,7 +18,7 @@ from matplotlib import figure as figure_lib
 from matplotlib import pyplot as plt
 from matplotlib import ticker
 
-from sweeps import space as space_lib
+from trainer.sweeps import space as space_lib
 
 PNG = "results.png"
 BEST = dict(marker="*", s=220, color="tab:red", edgecolors="black",

@@ -17,14 +17,14 @@ from typing import List, Optional, Tuple
 from absl import flags
 import optuna
 
-from sweeps import checks
-from sweeps import hparams
-from sweeps import locks
-from sweeps import report
-from sweeps import space as space_lib
-from sweeps import study as study_lib
-from sweeps import warm
-from sweeps import worker
+from trainer.sweeps import checks
+from trainer.sweeps import hparams
+from trainer.sweeps import locks
+from trainer.sweeps import report
+from trainer.sweeps import space as space_lib
+from trainer.sweeps import study as study_lib
+from trainer.sweeps import warm
+from trainer.sweeps import worker
 from trainer import cli
 from trainer import console
 from trainer import errors
@@ -239,7 +239,7 @@ def sweep(sweep_dir: str, ahead: Optional[warm.Ahead] = None) -> int:
 
 def main(ahead: Optional[warm.Ahead] = None) -> None:
   """Entry point of `scripts/sweep.py`, which may have started processes
-  `ahead` for the dry run and the first trial (`sweeps.warm`)."""
+  `ahead` for the dry run and the first trial (`trainer.sweeps.warm`)."""
   argv = cli.parse_flags(sys.argv, PROGRAM, SWEEP_FLAGS + TRAIN_FLAGS)
   if len(argv) > 1:
     cli.fail(f"unexpected arguments: {' '.join(argv[1:])}", program=PROGRAM)

@@ -19,10 +19,11 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
-from sweeps import warm
+from trainer.sweeps import warm
 from trainer.loop import continuous_eval
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 TRAIN_PY = os.path.join(REPO_ROOT, "train.py")
 LOG = "sweep.log"
 
@@ -36,7 +37,7 @@ _HINTS = {signal.SIGKILL: ": out of memory?"}
 
 # A trial under a launcher (`srun`): the launcher, which passes SIGTERM on
 # to its tasks, gets SIGTERM when the sweep thread that started it dies,
-# even by SIGKILL, as a trial's own process does (`sweeps.warm`): so the
+# even by SIGKILL, as a trial's own process does (`trainer.sweeps.warm`): so the
 # trial checkpoints and exits instead of training on unwatched and holding
 # its model_dir's lease against the rerun that resumes it.
 _LAUNCHER_PRELUDE = (
@@ -164,7 +165,7 @@ class TrialProcess:
     metric: The evaluation result optimised.
     preemption_exit_code: train.py's exit code after a SIGTERM.
     launcher: A command to run train.py under (`launch`); empty: none.
-    python: A process started ahead (`sweeps.warm`) to run train.py in;
+    python: A process started ahead (`trainer.sweeps.warm`) to run train.py in;
       None or a dead one: a new one. Unused under a launcher.
   """
 

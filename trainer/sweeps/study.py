@@ -16,8 +16,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import optuna
 
-from sweeps import journal
-from sweeps import space as space_lib
+from trainer.sweeps import journal
+from trainer.sweeps import space as space_lib
 from trainer import errors
 
 JOURNAL = "study.journal"
@@ -43,7 +43,7 @@ def name(sweep_dir: str,
 def open_storage(sweep_dir: str, url: Optional[str], repair: bool = True
                  ) -> optuna.storages.BaseStorage:
   """Opens (creating if needed) the study's storage; a journal's bad tail
-  is cut back first (`sweeps.journal`) unless `repair` is False (a read
+  is cut back first (`trainer.sweeps.journal`) unless `repair` is False (a read
   that writes nothing: it stops at the bad record).
 
   Raises:

@@ -1,7 +1,7 @@
 """The sweep's workers: each claims a trial, runs it, and tells the study.
 
 A worker claims, under the sweep's claims lock, either a trial left
-RUNNING by a dead process (its trial lock is free: `sweeps.locks`), which
+RUNNING by a dead process (its trial lock is free: `trainer.sweeps.locks`), which
 it resumes with the same number, bindings and model_dir, or a new trial
 while the study has fewer than the total. So `--n_trials` counts each
 trial once however often it is interrupted, and two workers, in one
@@ -27,12 +27,12 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import optuna
 from optuna.trial import TrialState
 
-from sweeps import hparams
-from sweeps import locks
-from sweeps import report
-from sweeps import space as space_lib
-from sweeps import trial_run
-from sweeps import warm
+from trainer.sweeps import hparams
+from trainer.sweeps import locks
+from trainer.sweeps import report
+from trainer.sweeps import space as space_lib
+from trainer.sweeps import trial_run
+from trainer.sweeps import warm
 from trainer import console
 from trainer.storage import files
 
@@ -111,7 +111,7 @@ class Sweep:
                spares: Optional[warm.Spares] = None):
     self._study = study
     self._plan = plan
-    # Processes that loaded TensorFlow ahead (`sweeps.warm`); None under a
+    # Processes that loaded TensorFlow ahead (`trainer.sweeps.warm`); None under a
     # launcher, which starts its own.
     self._spares = spares
     self.stop = threading.Event()

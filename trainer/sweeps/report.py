@@ -22,9 +22,9 @@ from typing import Any, Dict, List, Optional, Sequence
 import optuna
 from optuna.trial import TrialState
 
-from sweeps import plot
-from sweeps import space as space_lib
-from sweeps import trial_run
+from trainer.sweeps import plot
+from trainer.sweeps import space as space_lib
+from trainer.sweeps import trial_run
 from trainer import console
 from trainer.storage import files
 

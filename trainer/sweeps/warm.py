@@ -5,9 +5,9 @@ its first seconds importing TensorFlow, as the sweep itself does. So the
 sweep starts them ahead: `scripts/sweep.py` starts one for the dry run
 before its own imports, the sweep one for the first trial once the bindings
 are checked, and each worker the process of its next trial as its trial
-starts. The command follows once it
-is known: the imports run while other work does, on the host's other
-cores. Standard library only, so that starting one costs nothing.
+starts. The command follows once it is known: the imports run while other
+work does, on the host's other cores. Each runs `prelude.py`. Standard
+library only, so that starting one costs nothing.
 """
 
 import atexit
@@ -18,43 +18,13 @@ import sys
 import threading
 from typing import List, Optional, Sequence
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 
-# argv: the repository, and the sweep's pid or 0. With a pid (on Linux), the
-# process gets SIGTERM when the sweep thread that started it dies, even by
-# SIGKILL, and so a trial checkpoints and exits instead of training on
-# unwatched and holding its model_dir's lease against the rerun that
-# resumes it. It imports the framework (and TensorFlow; a failure is
-# written to the run's output once the command names it), then reads its
-# command, `{"argv": [SCRIPT, ARG, ...], "log": PATH or null}`, from stdin,
-# sends its output to the log if one is named, and runs the script as
-# `python SCRIPT ARG ...` would; it ends quietly if stdin closes first.
-_PRELUDE = (
-    "import ctypes, json, os, runpy, signal, sys\n"
-    "# Held, as train.py holds them, until its handlers are in place.\n"
-    "signal.pthread_sigmask(signal.SIG_BLOCK,\n"
-    "                       {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1})\n"
-    "parent = int(sys.argv[2])\n"
-    "if parent:\n"
-    "  ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
-    "  if os.getppid() != parent: os._exit(143)\n"
-    "sys.path.insert(0, sys.argv[1])\n"
-    "try:\n"
-    "  import trainer  # noqa: F401\n"
-    "  failure = None\n"
-    "except BaseException:\n"
-    "  import traceback; failure = traceback.format_exc()\n"
-    "line = sys.stdin.readline()\n"
-    "if not line: os._exit(0)\n"
-    "command = json.loads(line)\n"
-    "if command['log']:\n"
-    "  log = os.open(command['log'], os.O_WRONLY | os.O_APPEND | os.O_CREAT,"
-    " 0o644)\n"
-    "  os.dup2(log, 1); os.dup2(log, 2); os.close(log)\n"
-    "if failure:  # Said where the run's output goes.\n"
-    "  sys.stderr.write(failure); sys.stderr.flush(); os._exit(1)\n"
-    "sys.argv = command['argv']\n"
-    "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+# The program each process runs (a script: the standard library only until
+# it imports the framework).
+_PRELUDE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                        "prelude.py")
 
 # Flags after which the sweep starts no train.py of its own ahead (under a
 # launcher, the launcher starts them).
@@ -75,7 +45,7 @@ class WarmPython:
     self._given = False
     parent = os.getpid() if trial and sys.platform.startswith("linux") else 0
     self._process = subprocess.Popen(
-        [sys.executable, "-c", _PRELUDE, REPO_ROOT, str(parent)],
+        [sys.executable, _PRELUDE, REPO_ROOT, str(parent)],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL if trial else subprocess.PIPE,
         stderr=subprocess.DEVNULL if trial else subprocess.STDOUT,
