@@ -120,6 +120,7 @@ def _assert_step_8_intact(model_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # Times a grace period.
 def test_sigterm_while_the_input_blocks_exits_after_the_grace_period(
     tmp_path, faulty_gin):
   model_dir = tmp_path / "run"
@@ -252,6 +253,7 @@ def test_sigint_during_the_final_evaluation_exits_at_once(tmp_path,
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # Times a grace period.
 def test_an_input_that_raises_always_exits_with_its_message(tmp_path,
                                                             faulty_gin):
   # Exit used to hang in ~IteratorResource in 3 runs of 4: five at once.

@@ -18,6 +18,10 @@ import helpers
 import trainer
 from trainer.data import service as data_service
 
+# Slow tests here time a stall, a lost worker or a signal against a
+# timeout: run alone (`.ci/run`'s serial stage).
+pytestmark = pytest.mark.serial
+
 SCRIPT = "scripts/data_service.py"
 TIMEOUT = 300
 

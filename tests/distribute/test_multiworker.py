@@ -101,6 +101,7 @@ def test_two_workers_train_several_models_in_sync(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # Signals one worker of a pair.
 def test_killed_worker_stops_the_other_and_both_resume(tmp_path):
   model_dir = tmp_path / "run"
   workers = _start_workers(model_dir, "--gin_param=trainer.train_steps=100000",
@@ -142,6 +143,7 @@ def test_killed_worker_stops_the_other_and_both_resume(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # Signals one worker of a pair.
 def test_sigterm_to_one_worker_stops_both_at_the_same_step(tmp_path):
   model_dir = tmp_path / "run"
   workers = _start_workers(model_dir, "--gin_param=trainer.train_steps=100000",

@@ -288,6 +288,7 @@ _LOST_PS_LINE = (
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # Kills a ps between loops.
 def test_a_ps_lost_between_loops_is_named(tmp_path):
   # Killed as the chief prints a loop's progress line: it then reads the
   # loop's metrics and saves, both from the ps, before the next loop.

@@ -22,6 +22,10 @@ import helpers
 from trainer import errors
 from trainer.distribute import slurm
 
+# One local SLURM cluster at a time; KillWait and requeues are timed: run
+# alone (`.ci/run`'s serial stage).
+pytestmark = pytest.mark.serial
+
 SBATCH_SCRIPT = os.path.join(helpers.REPO_ROOT, "scripts", "slurm",
                              "train.sbatch")
 MWMS = '--gin_param=runtime.distribution_strategy="multi_worker_mirrored"'

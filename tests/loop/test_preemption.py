@@ -24,7 +24,8 @@ def _fingerprint(process):
 
 
 @pytest.mark.parametrize("signum", [
-    signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)])
+    signal.SIGTERM,
+    pytest.param(signal.SIGINT, marks=[pytest.mark.slow, pytest.mark.serial])])
 def test_signal_saves_exits_42_and_resumes_exactly(tmp_path, signum):
   model_dir = tmp_path / "run"
   run = helpers.TrainProcess(
@@ -64,6 +65,7 @@ def test_signal_saves_exits_42_and_resumes_exactly(tmp_path, signum):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # Signals a busy process.
 def test_exit_code_is_configurable(tmp_path):
   run = helpers.TrainProcess(
       DIGITS + ["--gin_param=trainer.train_steps=100000",
