@@ -32,7 +32,6 @@ from trainer.distribute import parameter_server
 from trainer.distribute import pipeline
 from trainer.distribute import placement
 from trainer.distribute import strategy as strategy_lib
-from trainer.loop import continuous_eval
 from trainer.loop import controller as controller_lib
 from trainer.loop import evaluator as evaluator_lib
 from trainer.loop import preemption
@@ -50,6 +49,7 @@ from trainer.model import seeds
 from trainer.model import task as task_lib
 from trainer.report import summaries
 from trainer.storage import checkpoints
+from trainer.storage import evaluated
 from trainer.storage import exports
 
 TrainerConfig = config_lib.TrainerConfig
@@ -325,7 +325,7 @@ def controller(built: Parts, write_dir: str, *,
                                                 config.warm_start))
                  if training else None),
         evaluated_fn=(
-            (lambda: continuous_eval.read_evaluated(write_dir))
+            (lambda: evaluated.steps(write_dir))
             if training and config.keep_until_evaluated else None))
   found = None
 

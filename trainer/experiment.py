@@ -36,6 +36,7 @@ from trainer.loop import controller as controller_lib
 from trainer.loop import preemption
 from trainer.model import task as task_lib
 from trainer.report import run_report
+from trainer.storage import evaluated
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval")
 TrainerConfig = config_lib.TrainerConfig
@@ -272,7 +273,7 @@ def _evaluation_missed(step: int, config: TrainerConfig,
   below `train_steps`) but has no record of it."""
   due = config.validation_interval and step % config.validation_interval == 0
   return (0 < step < config.train_steps and bool(due) and
-          step not in continuous_eval.read_evaluated(write_dir))
+          step not in evaluated.steps(write_dir))
 
 
 def _evaluate_continuously(

@@ -5,7 +5,7 @@ import json
 import numpy as np
 
 from trainer import actions
-from trainer.loop import continuous_eval
+from trainer.storage import evaluated
 
 
 class _Step:
@@ -25,8 +25,8 @@ def test_evaluated_step_recorder_keeps_every_step_across_restarts(tmp_path):
   step.step = 20
   # A restarted run's recorder adds to what the first one recorded.
   actions.EvaluatedStepRecorder(str(tmp_path), step_fn=step)({"mae": 0.25})
-  assert continuous_eval.read_evaluated(str(tmp_path)) == {10, 20}
-  with open(tmp_path / continuous_eval.RECORD) as f:
+  assert evaluated.steps(str(tmp_path)) == {10, 20}
+  with open(tmp_path / evaluated.RECORD) as f:
     assert json.load(f) == {"steps": [10, 20],
                             "results": {"10": {"mae": 0.5},
                                         "20": {"mae": 0.25}}}

@@ -13,6 +13,7 @@ from trainer import errors
 from trainer import experiment
 from trainer.loop import continuous_eval
 from trainer.storage import checkpoints
+from trainer.storage import evaluated
 
 import helpers
 
@@ -66,7 +67,7 @@ def test_each_checkpoint_once_in_order_and_a_restart_skips_them(tmp_path):
     record = json.load(f)
   assert record["steps"] == [10, 20, 30, 40, 50]
   assert record["results"]["40"] == {"loss": 1.0 / 40}
-  assert continuous_eval.read_evaluated(str(tmp_path)) == {10, 20, 30, 40, 50}
+  assert evaluated.steps(str(tmp_path)) == {10, 20, 30, 40, 50}
 
 
 def test_waits_for_new_checkpoints_until_the_timeout(tmp_path):

@@ -3,12 +3,12 @@ action."""
 
 from typing import Any, Callable, Dict
 
-from trainer.loop import continuous_eval
+from trainer.storage import evaluated
 
 
 class EvaluatedStepRecorder:
   """Eval action: adds the step evaluated and its results to the run's
-  record of evaluated steps (`continuous_eval.EvaluatedRecord`).
+  record of evaluated steps (`trainer.storage.evaluated`).
 
   A restarted `train_and_eval` reads it to evaluate a step saved but not
   evaluated; `trainer.keep_until_evaluated` keeps checkpoints until it
@@ -22,7 +22,7 @@ class EvaluatedStepRecorder:
       model_dir: Where the record is kept.
       step_fn: Returns the global step.
     """
-    self._record = continuous_eval.EvaluatedRecord(model_dir)
+    self._record = evaluated.EvaluatedRecord(model_dir)
     self._step_fn = step_fn
 
   def __call__(self, output: Dict[str, Any]) -> None:

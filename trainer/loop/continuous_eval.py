@@ -4,7 +4,8 @@
 yields only the newest checkpoint each time it looks, so an evaluator slower
 than training skips checkpoints. Here the evaluator lists every checkpoint in
 the state file, evaluates those it has not evaluated yet in step order, and
-records each evaluated step in `model_dir/eval/evaluated.json`, so a
+records each evaluated step in `model_dir/eval/evaluated.json`
+(`trainer.storage.evaluated`), so a
 restarted evaluator skips what it has done. A trainer with
 `trainer.keep_until_evaluated` reads the same record and deletes no
 checkpoint beyond `max_to_keep` before it has been evaluated
@@ -21,34 +22,10 @@ import tensorflow as tf
 from trainer import console
 from trainer import errors
 from trainer.storage import checkpoints
-from trainer.storage import files
-
-RECORD = os.path.join("eval", "evaluated.json")
+from trainer.storage import evaluated as evaluated_lib
 
 # A checkpoint path -> (its step, the eval results).
 EvaluateFn = Callable[[str], Tuple[int, Dict[str, Any]]]
-
-
-def read_evaluated(model_dir: str) -> Set[int]:
-  """Returns the steps a continuous evaluator has evaluated in `model_dir`."""
-  return EvaluatedRecord(model_dir).steps
-
-
-class EvaluatedRecord:
-  """The evaluated steps and their results, persisted atomically."""
-
-  def __init__(self, model_dir: str):
-    self._path = os.path.join(model_dir, RECORD)
-    record = files.read_json(self._path) or {}
-    self.steps: Set[int] = set(record.get("steps", []))
-    self._results = record.get("results", {})
-
-  def add(self, step: int, results: Dict[str, Any]) -> None:
-    self.steps.add(step)
-    self._results[str(step)] = {name: float(value)
-                                for name, value in results.items()}
-    files.write_json(self._path, {"steps": sorted(self.steps),
-                                  "results": self._results})
 
 
 def pending(model_dir: str, evaluated: Set[int]) -> list:
@@ -90,7 +67,7 @@ def run(model_dir: str, evaluate_fn: EvaluateFn, train_steps: int,
     errors.RunError: After `timeout` seconds without a new checkpoint
       before the one of `train_steps` is evaluated.
   """
-  record = EvaluatedRecord(model_dir)
+  record = evaluated_lib.EvaluatedRecord(model_dir)
   if record.steps:
     console.info(f"continuous_eval | {len(record.steps)} checkpoint(s) "
                  f"already evaluated, up to step {max(record.steps)}")
@@ -98,10 +75,10 @@ def run(model_dir: str, evaluate_fn: EvaluateFn, train_steps: int,
   last_seen = clock()
   while True:
     for unused_step, prefix in pending(model_dir, record.steps):
-      evaluated = _evaluate(evaluate_fn, prefix)
-      if evaluated is None:
+      done = _evaluate(evaluate_fn, prefix)
+      if done is None:
         continue
-      step, output = evaluated
+      step, output = done
       record.add(step, output)
       last_seen = clock()
       if step >= train_steps:

@@ -1,15 +1,14 @@
 """One trial: a `train.py` process in its model_dir, watched until it ends.
 
 The sweep reads each evaluation back from the run's own record
-(`eval/evaluated.json`, written by `trainer.actions.EvaluatedStepRecorder`
-after every evaluation) to feed Optuna's pruner, and stops a pruned run
-with SIGTERM, on which `train.py` saves a checkpoint and exits with its
+(`trainer.storage.evaluated`, which `trainer.actions.EvaluatedStepRecorder`
+writes after every evaluation) to feed Optuna's pruner, and stops a pruned
+run with SIGTERM, on which `train.py` saves a checkpoint and exits with its
 preemption code.
 """
 
 import dataclasses
 import errno
-import json
 import os
 import re
 import signal
@@ -20,7 +19,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
 from trainer.sweeps import warm
-from trainer.loop import continuous_eval
+from trainer.storage import evaluated
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -78,14 +77,7 @@ def command(gin_files: Sequence[str], gin_params: Sequence[str], mode: str,
 
 def evaluations(model_dir: str, metric: str) -> Dict[int, float]:
   """`{step: metric}` of every evaluation the run recorded so far."""
-  try:
-    with open(os.path.join(model_dir, continuous_eval.RECORD)) as f:
-      record = json.load(f)
-  except (FileNotFoundError, json.JSONDecodeError):
-    return {}
-  return {int(step): results[metric]
-          for step, results in record.get("results", {}).items()
-          if metric in results}
+  return evaluated.metric_by_step(model_dir, metric)
 
 
 _STEP = re.compile(r"\bstep (\d+)")
