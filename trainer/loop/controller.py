@@ -5,7 +5,7 @@ stop. What happens then is its collaborators' concern: the runner's
 (`runners.TaskTrainer`), the non-finite guard's (`rollback.NonFiniteGuard`),
 the preemption watcher's, and its hooks' (`loop_hooks.LoopHook`: the
 progress line and train summaries, the profile window, early stopping),
-which it calls around every loop in the order `trainer.loop_hooks` gives.
+which it calls around every loop in the order `trainer.loop.hooks` gives.
 
 Everything but the per-loop hot path is `orbit.Controller`'s own: `evaluate`,
 eval summaries and actions. `train` and `_train_n_steps` are replaced
@@ -101,7 +101,7 @@ class Controller(orbit.Controller):
         every evaluation between loops. It learns the step reached from
         `progress`, given to it where it is built.
       hooks: Called around every loop of the own loop, in this order (see
-        `trainer.loop_hooks`): the progress line and train summaries, the
+        `trainer.loop.hooks`): the progress line and train summaries, the
         profile window, early stopping.
       **kwargs: Passed to `orbit.Controller` (trainer, evaluator,
         global_step, strategy, steps_per_loop, checkpoint_manager, actions,
