@@ -1,4 +1,4 @@
-"""What the first-step loss-scaling check (`trainer.loss_scaling`) costs.
+"""What the first-step loss-scaling check (`trainer.model.loss_scaling`) costs.
 
 A new run on several replicas of a Task with its own `train_step` runs its
 first step alone, in a function of its own with the reference forward pass

@@ -1,5 +1,6 @@
 """Shared test helpers: tiny tasks, checkpoint and event-file readers, CLI."""
 
+import collections
 import glob
 import os
 import re
@@ -13,6 +14,8 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 import tf_keras
+# pylint: disable-next=g-direct-tensorflow-import
+from tensorflow.python.debug.lib import debug_events_reader
 
 import trainer
 
@@ -142,6 +145,47 @@ def run_cli(args: Sequence[str], cwd: str = REPO_ROOT, timeout: float = 300,
   env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
   return subprocess.run([sys.executable, TRAIN_PY, *args], cwd=cwd, env=env,
                         capture_output=True, text=True, timeout=timeout)
+
+
+def final_accuracy(stdout: str) -> float:
+  """The accuracy on a run's `final eval |` line."""
+  return float(stdout.split("final eval |")[1].split("accuracy ")[1].split()[0])
+
+
+# Serves a digits SavedModel in a fresh process of one device: argv is the
+# export directory and the repository root.
+_SERVE_DIGITS = """
+import sys
+import numpy as np
+import tensorflow as tf
+sys.path.insert(0, sys.argv[2])
+from tasks import digits
+images, labels = digits.load_split(training=False)
+served = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+logits = served(features=tf.constant(images))["outputs"].numpy()
+print("devices", len(tf.config.list_logical_devices("CPU")))
+print("accuracy", float(np.mean(np.argmax(logits, -1) == labels)))
+"""
+
+
+def serve_digits_export(export_dir: str) -> subprocess.CompletedProcess:
+  """Serves the digits SavedModel in `export_dir` on the validation split in
+  a new process of one CPU device; it prints `devices N` and `accuracy A`."""
+  return subprocess.run(
+      [sys.executable, "-c", _SERVE_DIGITS, str(export_dir), REPO_ROOT],
+      capture_output=True, text=True, timeout=120,
+      env=dict(os.environ, TF_USE_LEGACY_KERAS="1"))
+
+
+def executed_ops(dump_dir: str) -> Dict[tuple, int]:
+  """(op type, device) -> how often TensorFlow executed it in a graph, read
+  from a `tf.debugging.experimental.enable_dump_debug_info` dump."""
+  counts = collections.Counter()
+  with debug_events_reader.DebugDataReader(str(dump_dir)) as reader:
+    reader.update()
+    for trace in reader.graph_execution_traces():
+      counts[(trace.op_type, trace.device_name)] += 1
+  return counts
 
 
 def snapshot(directory: str) -> Dict[str, bytes]:

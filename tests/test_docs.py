@@ -44,6 +44,8 @@ a new `bash` (`set -e` for sh blocks), with the virtual environment's
 
 import ast
 import dataclasses
+import glob
+import importlib
 import importlib.util
 import inspect
 import json
@@ -419,6 +421,58 @@ def test_pages_cite_no_tests_and_keep_no_history():
     if page not in MEASUREMENT_PAGES:
       assert not re.search(r"(?i)\bmeasured in session|the run before",
                            prose), page
+
+
+# A module, class or function named in backticks (`trainer.loop.hooks`), or
+# a `trainer.<parameter>` gin binding; `trainer.gradient_clip_*` is a prefix.
+# Not a name that a string literal in code continues on its next line.
+_DOTTED_NAME = re.compile(
+    r"`(trainer(?:\.[A-Za-z_][A-Za-z0-9_]*)+)(\*?)(?![\w\"'])")
+_NAMING_FILES = ("docs/**/*.md", "README.md", "train.py", "trainer/**/*.py",
+                 "tasks/**/*.py", "scripts/**/*.py", "sweeps/**/*.py")
+
+
+def _resolves(dotted: str, prefix: bool, bindings: set) -> bool:
+  """Whether `dotted` names a module or an attribute of one, or (as
+  `trainer.<name>`) a binding of the `trainer` configurable."""
+  parts = dotted.split(".")
+  if len(parts) == 2 and (parts[1].isupper() or parts[1] in bindings or (
+      prefix and any(name.startswith(parts[1]) for name in bindings))):
+    return True  # `trainer.NAME` is a placeholder.
+  for length in range(len(parts), 1, -1):
+    module = ".".join(parts[:length])
+    if _find_spec_or_none(module) is None:
+      continue
+    target = importlib.import_module(module)
+    for attribute in parts[length:]:
+      if not hasattr(target, attribute):
+        return False
+      target = getattr(target, attribute)
+    return True
+  return hasattr(importlib.import_module("trainer"), parts[1])
+
+
+def _find_spec_or_none(name: str):
+  try:
+    return importlib.util.find_spec(name)
+  except ModuleNotFoundError:  # A parent that is not a package.
+    return None
+
+
+def test_every_dotted_trainer_name_resolves():
+  from trainer import config  # pylint: disable=g-import-not-at-top
+  bindings = {field.name for field in dataclasses.fields(config.TrainerConfig)}
+  unresolved = []
+  for pattern in _NAMING_FILES:
+    for path in sorted(glob.glob(os.path.join(REPO_ROOT, pattern),
+                                 recursive=True)):
+      with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+          for found in _DOTTED_NAME.finditer(line):
+            if not _resolves(found.group(1), bool(found.group(2)), bindings):
+              unresolved.append(f"{os.path.relpath(path, REPO_ROOT)}:"
+                                f"{number}: {found.group(1)}")
+  assert not unresolved, unresolved
 
 
 def test_benchmark_figures_live_on_the_benchmarks_page():

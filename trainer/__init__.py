@@ -3,39 +3,60 @@
 Importing `trainer` selects Keras 2 (`tf_keras`): Model Garden and Orbit are
 built on it, and the variable must be set before TensorFlow first touches
 `tf.keras`.
+
+The public names load lazily (PEP 562), each with the module that defines
+it: `import trainer` costs no TensorFlow import, a Task module that only
+subclasses `trainer.Task` loads the Task's modules, and `trainer.run` loads
+the whole stack. `train.py` and the scripts import what they use.
 """
 
 import importlib
 import os
+import typing
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-# pylint: disable=g-import-not-at-top,wrong-import-position
-from trainer.errors import ConfigError
-from trainer.errors import NonFiniteError
-from trainer.errors import Preempted
-from trainer.errors import RunError
-from trainer.experiment import MODES
-from trainer.experiment import run
-from trainer.experiment import TrainerConfig
-from trainer.model.gradients import minimize
-from trainer.model.task import float32_outputs
-from trainer.model.task import Task
-from trainer.runtime import RuntimeConfig
+# Each public name, by the module that defines it.
+_PUBLIC = {
+    "ConfigError": "trainer.errors",
+    "NonFiniteError": "trainer.errors",
+    "Preempted": "trainer.errors",
+    "RunError": "trainer.errors",
+    "MODES": "trainer.experiment",
+    "run": "trainer.experiment",
+    "TrainerConfig": "trainer.config",
+    "minimize": "trainer.model.gradients",
+    "float32_outputs": "trainer.model.task",
+    "Task": "trainer.model.task",
+    "RuntimeConfig": "trainer.runtime",
+}
 
-__all__ = ["ConfigError", "MODES", "NonFiniteError", "Preempted",
-           "RunError", "RuntimeConfig", "Task", "TrainerConfig",
-           "float32_outputs", "minimize", "run"]
+__all__ = sorted(_PUBLIC)
 
-# Modules the guides once imported as `from trainer import inputs`, before
-# trainer/ had packages: such imports keep working.
-_MOVED = {"inputs": "trainer.data.inputs",
-          "data_loss": "trainer.data.data_loss",
-          "placement": "trainer.distribute.placement"}
+if typing.TYPE_CHECKING:  # For type checkers and the API reference (griffe).
+  # pylint: disable=g-import-not-at-top,unused-import
+  from trainer.config import TrainerConfig
+  from trainer.errors import ConfigError
+  from trainer.errors import NonFiniteError
+  from trainer.errors import Preempted
+  from trainer.errors import RunError
+  from trainer.experiment import MODES
+  from trainer.experiment import run
+  from trainer.model.gradients import minimize
+  from trainer.model.task import float32_outputs
+  from trainer.model.task import Task
+  from trainer.runtime import RuntimeConfig
 
 
 def __getattr__(name):
-  if name in _MOVED:
-    return importlib.import_module(_MOVED[name])
-  raise AttributeError(f"module 'trainer' has no attribute {name!r}")
+  module = _PUBLIC.get(name)
+  if module is None:
+    raise AttributeError(f"module 'trainer' has no attribute {name!r}")
+  value = getattr(importlib.import_module(module), name)
+  globals()[name] = value  # Looked up once.
+  return value
+
+
+def __dir__():
+  return sorted(list(globals()) + __all__)

@@ -2,9 +2,9 @@
 
 The features around the loop have small configurables of their own, each
 bound under its own name and held here as one field: `optimizer.*`,
-`learning_rate.*`, `ema.*` (`trainer.optimization`), `warm_start.*`
-(`trainer.warm_start`), `export.*` (`trainer.exports`), `best_checkpoint.*`
-and `early_stopping.*` (`trainer.actions`), `pipeline.*`
+`learning_rate.*`, `ema.*` (`trainer.model.optimization`), `warm_start.*`
+(`trainer.model.warm_start`), `export.*` (`trainer.storage.exports`),
+`best_checkpoint.*` and `early_stopping.*` (`trainer.actions`), `pipeline.*`
 (`trainer.distribute.pipeline`). Every value is checked when the
 configuration is built, before TensorFlow starts.
 """
@@ -86,7 +86,7 @@ class TrainerConfig:
       learning rate (its whole schedule), e.g. `{"backbone": 0.1}`.
     batch_scaling: None, `keep_global_batch` or `keep_per_replica_batch`:
       how batch sizes and the learning rate follow a replica count other
-      than `reference_replicas` (see `trainer.scaling`).
+      than `reference_replicas` (see `trainer.model.scaling`).
     reference_replicas: The replica count the batch sizes are written for.
     on_nonfinite: What a non-finite training loss does: "stop" ends the run
       with an error naming the step; "rollback" restores the newest
@@ -107,7 +107,7 @@ class TrainerConfig:
       models: the first replica's loss with what the same step reports for
       its batch on one device), and stop where it is the replica count
       times that (averaged per replica): one extra forward pass (several
-      models: one step on one device), once (`trainer.loss_scaling`).
+      models: one step on one device), once (`trainer.model.loss_scaling`).
     optimizer: `optimizer.*`.
     learning_rate: `learning_rate.*`.
     ema: `ema.*`.

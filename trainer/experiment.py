@@ -222,7 +222,7 @@ def _run_mode(parts: build.Parts, controller: controller_lib.Controller,
               started: float) -> Dict[str, Any]:
   """Runs `mode` with the built controller; returns the last eval results.
 
-  A mode that trains ends with the closing block (`trainer.run_report`).
+  A mode that trains ends with the closing block (`trainer.report.run_report`).
   """
   config = parts.config
   start_step = controller.step
@@ -281,7 +281,7 @@ def _evaluate_continuously(
     config: TrainerConfig,
     early_stopping: Optional[actions.EarlyStopping]) -> Dict[str, Any]:
   """Evaluates every checkpoint of `model_dir` once, in step order, until the
-  one at `train_steps` (see `trainer.continuous_eval`)."""
+  one at `train_steps` (see `trainer.loop.continuous_eval`)."""
 
   def evaluate(prefix: str):
     controller.restore_checkpoint(prefix)

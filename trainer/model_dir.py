@@ -1,7 +1,7 @@
 """Who writes where: `model_dir` for the chief, under its leases; a temporary
 directory for every other worker.
 
-The chief takes its leases on `model_dir` (`trainer.lease`) before it
+The chief takes its leases on `model_dir` (`trainer.storage.lease`) before it
 changes anything there, so a second run exits leaving it untouched; then it
 removes what interrupted writes of its own roles left, and only those.
 """

@@ -88,8 +88,8 @@ class RuntimeConfig:
       faster, but then neither reruns nor resumed runs see the same batches.
     model_parallel_devices: Place parts of the model on this many devices
       (GPUs, else logical CPUs), for a Task that places them
-      (`trainer.placement`); 0 or 1 turns it off. Needs the `default`
-      strategy.
+      (`trainer.distribute.placement`); 0 or 1 turns it off. Needs the
+      `default` strategy.
     variable_partitioner: Shard large variables over the parameter servers
       (`parameter_server` only): None, `min_size`, `max_size` or
       `fixed_shards` (TensorFlow's `MinSizePartitioner`,

@@ -39,7 +39,7 @@ class TrainState:
   """What is trained, saved and evaluated.
 
   Attributes:
-    model: The model, or the models by name (`trainer.named`).
+    model: The model, or the models by name (`trainer.model.named`).
     optimizer: The optimizer, or the optimizers by model name; None in eval
       modes without EMA.
     global_step: The global step.

@@ -91,10 +91,6 @@ def fixture_service(servers):
   yield address, workers
 
 
-def _accuracy(out: str) -> float:
-  return float(re.search(r"final eval \|.*accuracy ([\d.]+)", out).group(1))
-
-
 @pytest.mark.slow
 def test_digits_train_on_service_batches_and_survive_a_lost_worker(
     tmp_path, service):
@@ -113,7 +109,7 @@ def test_digits_train_on_service_batches_and_survive_a_lost_worker(
   finally:
     run.close()
   out = "\n".join(run.lines)
-  assert _accuracy(out) >= 0.95, out[-2000:]
+  assert helpers.final_accuracy(out) >= 0.95, out[-2000:]
   assert helpers.checkpoint_step(str(tmp_path / "runs" / "digits")) == 1000
 
   # Resumed: the service's position is not in the checkpoint.
@@ -122,7 +118,7 @@ def test_digits_train_on_service_batches_and_survive_a_lost_worker(
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert ("input | resuming: the training input starts again from its first "
           "batch (its position is not in the checkpoint)") in resumed.stdout
-  assert _accuracy(resumed.stdout) >= 0.95
+  assert helpers.final_accuracy(resumed.stdout) >= 0.95
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -240,7 +236,7 @@ def test_a_dispatcher_with_a_journal_is_restarted_and_training_goes_on(
   run = _restart_dispatcher_mid_run(tmp_path,
                                     f"--work_dir={tmp_path / 'journal'}")
   assert run.process.returncode == 0, run.lines[-20:]
-  assert _accuracy(run.output) >= 0.95
+  assert helpers.final_accuracy(run.output) >= 0.95
   assert helpers.checkpoint_step(str(tmp_path / "run")) == 600
 
 
@@ -258,7 +254,7 @@ def test_a_dispatcher_without_a_journal_is_restarted_and_training_goes_on(
   # Said once, at a step past the checkpoint the restart followed.
   lost = _LOST_JOB.findall(run.output)
   assert len(lost) == 1 and int(lost[0]) >= 200, run.output[-3000:]
-  assert _accuracy(run.output) >= 0.95
+  assert helpers.final_accuracy(run.output) >= 0.95
   assert helpers.checkpoint_step(str(tmp_path / "run")) == 600
 
 
@@ -308,7 +304,7 @@ def test_one_rerun_resumes_after_the_trainer_and_the_dispatcher_died(
   lost = _LOST_JOB.findall(rerun.stdout)
   assert len(lost) <= 1 and all(
       int(step) >= int(restored.group(1)) for step in lost), rerun.stdout
-  assert _accuracy(rerun.stdout) >= 0.95
+  assert helpers.final_accuracy(rerun.stdout) >= 0.95
   assert helpers.checkpoint_step(str(tmp_path / "run")) == 600
 
 
@@ -482,7 +478,7 @@ def test_sigkill_at_a_random_moment_then_restart_resumes(tmp_path, service,
   assert (f"restored checkpoint run/ckpt-{saved} at step {saved}" in
           resumed.stdout)
   assert helpers.checkpoint_step(str(tmp_path / "run")) == saved + 400
-  assert _accuracy(resumed.stdout) >= 0.95
+  assert helpers.final_accuracy(resumed.stdout) >= 0.95
 
 
 @pytest.mark.slow

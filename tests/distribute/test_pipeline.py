@@ -3,7 +3,6 @@ logical CPUs, trained to the unpipelined weights, its placement read back
 from the variables and the executed ops, and the bad settings refused in one
 line."""
 
-import collections
 import os
 import signal
 import subprocess
@@ -13,8 +12,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
-# pylint: disable-next=g-direct-tensorflow-import
-from tensorflow.python.debug.lib import debug_events_reader
 
 import helpers
 import trainer
@@ -170,22 +167,12 @@ def test_the_nonfinite_guard_stops_a_pipelined_run(tmp_path):
   assert raised.value.step == 2
 
 
-def _executed_ops(dump_dir):
-  """(op type, device) -> how often TensorFlow executed it in a graph."""
-  counts = collections.Counter()
-  with debug_events_reader.DebugDataReader(str(dump_dir)) as reader:
-    reader.update()
-    for trace in reader.graph_execution_traces():
-      counts[(trace.op_type, trace.device_name)] += 1
-  return counts
-
-
 def test_each_stage_runs_its_forward_and_backward_pass_on_its_device(
     tmp_path):
   steps, num_microbatches = 2, 4
   _train(tmp_path / "run", steps=steps, dump_dir=tmp_path / "dump",
          boundaries=["hidden2"], num_microbatches=num_microbatches)
-  ops = _executed_ops(tmp_path / "dump")
+  ops = helpers.executed_ops(tmp_path / "dump")
   runs = steps * num_microbatches
   # Per micro-batch: stage 0's 2 forward and 4 backward MatMuls (for hidden1
   # the gradient of the input too, which `tf.gradients` computes and

@@ -2,17 +2,11 @@
 MLP on the 2 logical CPUs of the test session, its placement read back from
 the variables and from the ops TensorFlow executed."""
 
-import collections
 import inspect
-import os
-import subprocess
-import sys
 
 import pytest
 import tensorflow as tf
 import tf_keras
-# pylint: disable-next=g-direct-tensorflow-import
-from tensorflow.python.debug.lib import debug_events_reader
 
 import helpers
 import trainer
@@ -87,16 +81,6 @@ def _train(model_dir, model_parallel_devices, dump_dir=None):
       tf.debugging.experimental.disable_dump_debug_info()
 
 
-def _executed_ops(dump_dir):
-  """(op type, device) -> how often TensorFlow executed it in a graph."""
-  counts = collections.Counter()
-  with debug_events_reader.DebugDataReader(str(dump_dir)) as reader:
-    reader.update()
-    for trace in reader.graph_execution_traces():
-      counts[(trace.op_type, trace.device_name)] += 1
-  return counts
-
-
 def test_the_split_model_runs_each_half_on_its_device_to_the_same_weights(
     tmp_path, capsys):
   _train(tmp_path / "split", 2, dump_dir=tmp_path / "dump")
@@ -111,7 +95,7 @@ def test_the_split_model_runs_each_half_on_its_device_to_the_same_weights(
   # backward MatMuls (2 per layer; for hidden1 the gradient of the input
   # too, which `tf.gradients` computes and nothing uses) run on its device,
   # and so do its activations and their gradients.
-  ops = _executed_ops(tmp_path / "dump")
+  ops = helpers.executed_ops(tmp_path / "dump")
   steps = 6
   assert ops[("MatMul", CPU0)] == 6 * steps, ops
   assert ops[("MatMul", CPU1)] == 6 * steps, ops
@@ -126,20 +110,6 @@ def test_the_split_model_runs_each_half_on_its_device_to_the_same_weights(
   assert sorted(split) == sorted(whole) and len(split) == 8
   assert helpers.max_weight_difference(split, whole) <= 1e-5
   assert helpers.checkpoint_step(str(tmp_path / "split")) == 6
-
-
-_SERVE = """
-import sys
-import numpy as np
-import tensorflow as tf
-sys.path.insert(0, sys.argv[2])
-from tasks import digits
-images, labels = digits.load_split(training=False)
-served = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
-logits = served(features=tf.constant(images))["outputs"].numpy()
-print("devices", len(tf.config.list_logical_devices("CPU")))
-print("accuracy", float(np.mean(np.argmax(logits, -1) == labels)))
-"""
 
 
 @pytest.mark.slow
@@ -164,8 +134,7 @@ def test_the_documented_command_trains_resumes_unsplit_and_back_and_exports(
   assert "restored checkpoint runs/split/ckpt-600 at step 600" in (
       second.stdout)
   assert "placement |" not in second.stdout
-  accuracy = float(second.stdout.split("final eval |")[1].split(
-      "accuracy ")[1].split()[0])
+  accuracy = helpers.final_accuracy(second.stdout)
   assert accuracy >= 0.95, second.stdout[-2000:]
 
   # And back: the unsplit checkpoint resumes split.
@@ -182,10 +151,7 @@ def test_the_documented_command_trains_resumes_unsplit_and_back_and_exports(
 
   # A SavedModel exported from the unsplit model serves on a plain host.
   export = tmp_path / "runs" / "split" / "export" / "1000"
-  served = subprocess.run(
-      [sys.executable, "-c", _SERVE, str(export), helpers.REPO_ROOT],
-      capture_output=True, text=True, timeout=120,
-      env=dict(os.environ, TF_USE_LEGACY_KERAS="1"))
+  served = helpers.serve_digits_export(export)
   assert served.returncode == 0, served.stderr[-3000:]
   assert "devices 1" in served.stdout
   # The final eval line has 4 decimals.
@@ -201,12 +167,8 @@ def test_a_split_export_serves_where_the_second_device_is_missing(tmp_path):
        "--gin_param=trainer.checkpoint_interval=200",
        "--gin_param=export.at_end=True"])
   assert run.returncode == 0, run.stderr[-3000:]
-  accuracy = float(run.stdout.split("final eval |")[1].split(
-      "accuracy ")[1].split()[0])
-  served = subprocess.run(
-      [sys.executable, "-c", _SERVE, str(tmp_path / "run" / "export" / "200"),
-       helpers.REPO_ROOT], capture_output=True, text=True, timeout=120,
-      env=dict(os.environ, TF_USE_LEGACY_KERAS="1"))
+  accuracy = helpers.final_accuracy(run.stdout)
+  served = helpers.serve_digits_export(tmp_path / "run" / "export" / "200")
   assert served.returncode == 0, served.stderr[-3000:]
   # Its ops asked for CPU:1, which this process lacks: TensorFlow's soft
   # placement runs them on CPU:0.

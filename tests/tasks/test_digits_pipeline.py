@@ -1,9 +1,6 @@
 """The shipped pipelined digits job (`gin/digits_pipeline.gin`), run as a
 user runs it: through train.py."""
 
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -12,24 +9,6 @@ import helpers
 PIPELINE = "--gin_file=gin/digits_pipeline.gin"
 UNPIPELINED = ["--gin_param=pipeline.boundaries=None",
                "--gin_param=pipeline.num_microbatches=1"]
-
-_SERVE = """
-import sys
-import numpy as np
-import tensorflow as tf
-sys.path.insert(0, sys.argv[2])
-from tasks import digits
-images, labels = digits.load_split(training=False)
-served = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
-logits = served(features=tf.constant(images))["outputs"].numpy()
-print("devices", len(tf.config.list_logical_devices("CPU")))
-print("accuracy", float(np.mean(np.argmax(logits, -1) == labels)))
-"""
-
-
-def _accuracy(stdout: str) -> float:
-  return float(stdout.split("final eval |")[1].split("accuracy ")[1].split()[0])
-
 
 def test_the_shipped_pipeline_trains_on_two_devices(tmp_path):
   run = helpers.run_cli(
@@ -54,15 +33,12 @@ def test_the_shipped_pipeline_reaches_the_bar_resumes_whole_and_back(
   first = helpers.run_cli(common + ["--gin_param=export.at_end=True"],
                           cwd=str(tmp_path))
   assert first.returncode == 0, first.stderr[-3000:]
-  accuracy = _accuracy(first.stdout)
+  accuracy = helpers.final_accuracy(first.stdout)
   assert accuracy >= 0.95, first.stdout[-2000:]
 
   # Its SavedModel serves on a host of one device.
-  served = subprocess.run(
-      [sys.executable, "-c", _SERVE,
-       str(tmp_path / "runs" / "pipe" / "export" / "1000"),
-       helpers.REPO_ROOT], capture_output=True, text=True, timeout=120,
-      env=dict(os.environ, TF_USE_LEGACY_KERAS="1"))
+  served = helpers.serve_digits_export(
+      tmp_path / "runs" / "pipe" / "export" / "1000")
   assert served.returncode == 0, served.stderr[-3000:]
   assert "devices 1" in served.stdout
   assert round(float(served.stdout.split("accuracy ")[1]), 4) == accuracy
@@ -75,7 +51,7 @@ def test_the_shipped_pipeline_reaches_the_bar_resumes_whole_and_back(
   assert "restored checkpoint runs/pipe/ckpt-1000 at step 1000" in (
       second.stdout)
   assert "pipeline |" not in second.stdout
-  assert _accuracy(second.stdout) >= 0.95
+  assert helpers.final_accuracy(second.stdout) >= 0.95
 
   # ... and back.
   third = helpers.run_cli(common + ["--gin_param=trainer.train_steps=1200"],

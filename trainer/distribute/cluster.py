@@ -6,12 +6,13 @@ machinery, which reads the cluster from TF_CONFIG. This module sets it once
 per process, from the first of: `runtime.worker_hosts` + `runtime.task_index`
 (through Model Garden's `distribute_utils.configure_cluster`); a TF_CONFIG
 already set (by Kubernetes operators, cloud training services, or by hand);
-the SLURM step this process is a task of (`trainer.slurm`). Each is checked
-against the others where they meet, and one line says where the cluster came
-from. `configure` runs once, when the process is set up, and returns a
-`Membership` that is passed to what needs it (no module state). The module
-also tells each process its input shard and whether it is the chief (the one
-process that writes into `model_dir`), and waits for a cluster's tasks.
+the SLURM step this process is a task of (`trainer.distribute.slurm`). Each
+is checked against the others where they meet, and one line says where the
+cluster came from. `configure` runs once, when the process is set up, and
+returns a `Membership` that is passed to what needs it (no module state). The
+module also tells each process its input shard and whether it is the chief
+(the one process that writes into `model_dir`), and waits for a cluster's
+tasks.
 """
 
 import dataclasses

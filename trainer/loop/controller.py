@@ -5,7 +5,7 @@ stop. What happens then is its collaborators' concern: the runner's
 (`runners.TaskTrainer`), the non-finite guard's (`rollback.NonFiniteGuard`),
 the preemption watcher's, and its hooks' (`loop_hooks.LoopHook`: the
 progress line and train summaries, the profile window, early stopping),
-which it calls around every loop in the order `trainer.loop_hooks` gives.
+which it calls around every loop in the order `trainer.loop.hooks` gives.
 
 Orbit's `evaluate_continuously`, `save_checkpoint` and summary managers are
 kept. `train` and `_train_n_steps` are replaced because Orbit's per-loop

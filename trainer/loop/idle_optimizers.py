@@ -11,7 +11,7 @@ from trainer.model import optimization
 
 
 def check(task_name: str, optimizer) -> None:
-  """Checks that each of several optimizers (`trainer.named`) has applied
+  """Checks that each of several optimizers (`trainer.model.named`) has applied
   gradients; one optimizer is not checked.
 
   Args:

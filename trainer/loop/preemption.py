@@ -14,7 +14,7 @@ the same code, saying which step it reached and which checkpoint was saved
 when, keeping the checkpoints already saved (a save is written to
 `ckpt-N_temp` and renamed, and the state file is updated last, so an
 interrupted save is never restored). A loop known to wait for input that
-does not come (the tf.data service's stall watch, `trainer.data_service`)
+does not come (the tf.data service's stall watch, `trainer.data.service`)
 is not waited for: the step it reached is saved while it waits, and the
 process exits with the same code (`PreemptionWatcher.end_waiting`). Outside
 training (start-up, the final evaluation and export, the eval modes)

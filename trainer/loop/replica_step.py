@@ -3,7 +3,7 @@
 The default `Task.train_step` gets the step options (micro-batches,
 clipping, an XLA-compiled gradient pass); an override gets nothing, and the
 settings that need the default step are refused. With several models
-(`trainer.named`) the framework cuts the micro-batches itself and reports
+(`trainer.model.named`) the framework cuts the micro-batches itself and reports
 each model's gradient norm.
 """
 

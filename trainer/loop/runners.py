@@ -8,7 +8,8 @@ loss-scaling check (`first_step_check`), the input position
 (`input_position`), the tf.data service's new jobs (`job_retry`) and the
 check that every optimizer stepped (`idle_optimizers`).
 The evaluator is `trainer.loop.evaluator.TaskEvaluator`; the parameter-server
-trainer, which schedules steps on workers, `trainer.parameter_server`.
+trainer, which schedules steps on workers,
+`trainer.loop.scheduled_trainer.ScheduledTaskTrainer`.
 """
 
 import contextlib
@@ -95,7 +96,7 @@ class TaskTrainer(orbit.StandardTrainer):
       model_options: With several models, each one's clipping by name, which
         `trainer.minimize` applies with its optimizer.
       check_loss_scaling: Check an overridden `train_step`'s loss scaling
-        on the first step of a new run (`trainer.loss_scaling`).
+        on the first step of a new run (`trainer.model.loss_scaling`).
 
     Raises:
       errors.ConfigError: If the task overrides `train_step` but the
@@ -218,7 +219,7 @@ class TaskTrainer(orbit.StandardTrainer):
   @contextlib.contextmanager
   def _checking_loss_scaling(self):
     """Runs the loop inside with the loss-scaling check on its first step,
-    on the first loop of a new run (`trainer.loss_scaling`), then checks.
+    on the first loop of a new run (`trainer.model.loss_scaling`), then checks.
 
     Raises:
       errors.ConfigError: If the step's loss is averaged per replica.

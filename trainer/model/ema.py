@@ -34,7 +34,7 @@ class EmaConfig:
       with `num_updates`).
     trainable_weights_only: Average only trainable weights; False averages
       every weight (batch-norm statistics too).
-    model: With several models (`trainer.named`), the one averaged.
+    model: With several models (`trainer.model.named`), the one averaged.
   """
   decay: Optional[float] = None
   start_step: int = 0

@@ -21,7 +21,7 @@ checked: the error tracing the reference raises is dropped. Dropout makes
 the two passes differ a little; the band is wide (a correct loss is within
 a few per cent of the reference; the mistake gives N times it).
 
-A Task of several models (`trainer.named`) has no one model for its
+A Task of several models (`trainer.model.named`) has no one model for its
 `build_losses` (a GAN's losses are the models' outputs on each other's), so
 its reference is its own step (`OneDeviceStep`): on one device the mistake
 and the correct scaling give the same loss, so the first replica's batch

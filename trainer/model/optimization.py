@@ -11,7 +11,7 @@ wraps.
 
 Gradient clipping is not an optimizer setting here: the default training step
 clips the gradients it has summed over replicas and micro-batches (see
-`trainer.gradients`), and reports the norm before clipping.
+`trainer.model.gradients`), and reports the norm before clipping.
 """
 
 import dataclasses

@@ -168,9 +168,9 @@ class Task:
 
     The default runs `compute_gradients` on each micro-batch, sums the
     gradients over micro-batches and replicas, clips them and applies them
-    (see `trainer.gradients`). A task overriding this receives no `options`
-    (so gradient accumulation, clipping and XLA on several replicas are
-    refused for it) unless it calls `super().train_step(...)` itself.
+    (see `trainer.model.gradients`). A task overriding this receives no
+    `options` (so gradient accumulation, clipping and XLA on several replicas
+    are refused for it) unless it calls `super().train_step(...)` itself.
 
     Args:
       inputs: This replica's `(features, labels)`.
@@ -232,7 +232,8 @@ class Task:
       is_loss_scaled = isinstance(optimizer,
                                   tf_keras.mixed_precision.LossScaleOptimizer)
       tape_loss = optimizer.get_scaled_loss(loss) if is_loss_scaled else loss
-    # On each part's device when the model is split (`trainer.placement`).
+    # On each part's device when the model is split
+    # (`trainer.distribute.placement`).
     grads = placement.gradients(tape, tape_loss, model.trainable_variables)
     if is_loss_scaled:
       grads = optimizer.get_unscaled_gradients(grads)

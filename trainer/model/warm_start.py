@@ -42,7 +42,7 @@ class WarmStartConfig:
       `model.save_weights`. Left at `model` with `model` set, a checkpoint
       holding several models, one of them named `model`, is read at
       `model/<model>`.
-    model: With several models (`trainer.named`), the one initialised (a
+    model: With several models (`trainer.model.named`), the one initialised (a
       distillation's teacher from its own run, say), or a list of them, each
       read at `model/<name>` of a checkpoint of several models (the models
       a run held before one was added).

@@ -151,7 +151,7 @@ def header(*, task_name: str, mode: str, model_dir: str,
     training: Whether the mode trains.
     evaluating: Whether it evaluates.
     unchecked_train_step: Whether the Task overrides `train_step` and the
-      run does not check its loss scaling (`trainer.loss_scaling`): a new
+      run does not check its loss scaling (`trainer.model.loss_scaling`): a new
       run on several replicas then says how to check it (a loss averaged
       over the replica's batch trains, on N replicas, with N times the
       gradient).

@@ -31,7 +31,7 @@ class ExportConfig:
     at_end: Export when training ends, to `model_dir/export/<step>/`.
     best: Export each new best checkpoint (`best_checkpoint.*`) to
       `model_dir/best/export/<step>/`, replacing the previous best export.
-    model: With several models (`trainer.named`), the one exported.
+    model: With several models (`trainer.model.named`), the one exported.
   """
   at_end: bool = False
   best: bool = False
