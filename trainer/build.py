@@ -52,7 +52,6 @@ from trainer.storage import checkpoints
 from trainer.storage import evaluated
 from trainer.storage import exports
 
-TrainerConfig = config_lib.TrainerConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +109,7 @@ class Parts:
     features_spec: The eval input's features, for export signatures.
   """
   task: task_lib.Task
-  config: TrainerConfig
+  config: config_lib.TrainerConfig
   runtime: runtime_lib.RuntimeConfig
   worker: cluster.WorkerInfo
   training: bool
@@ -154,7 +153,7 @@ def checkpoint_items(state: state_lib.TrainState,
 
 
 def state(task: task_lib.Task, setup: Process, element_spec,
-          config: TrainerConfig, *, training: bool,
+          config: config_lib.TrainerConfig, *, training: bool,
           replica_factor: float = 1.0,
           optimizer_fn: Optional[
               Callable[[], tf_keras.optimizers.Optimizer]] = None
@@ -168,7 +167,8 @@ def state(task: task_lib.Task, setup: Process, element_spec,
 
 
 def trainer(task: task_lib.Task, train_state: state_lib.TrainState,
-            train_input: inputs_lib.DistributedInput, config: TrainerConfig,
+            train_input: inputs_lib.DistributedInput,
+            config: config_lib.TrainerConfig,
             runtime: runtime_lib.RuntimeConfig) -> runners.TaskTrainer:
   """Builds the Orbit trainer: steps scheduled on a parameter-server
   cluster's workers, or run by the strategy here."""
@@ -185,7 +185,7 @@ def trainer(task: task_lib.Task, train_state: state_lib.TrainState,
 
 
 def _model_options(train_state: state_lib.TrainState,
-                   config: TrainerConfig
+                   config: config_lib.TrainerConfig
                    ) -> Optional[Dict[str, gradients.StepOptions]]:
   """With several models, each one's clipping (bound under its name, else
   the run's), by name: what `trainer.minimize` applies with its optimizer;
@@ -197,7 +197,7 @@ def _model_options(train_state: state_lib.TrainState,
 
 
 def _step_options(task: task_lib.Task, train_state: state_lib.TrainState,
-                  config: TrainerConfig) -> gradients.StepOptions:
+                  config: config_lib.TrainerConfig) -> gradients.StepOptions:
   """The default train step's options; a pipelined model's forward and
   backward pass in place of `Task.compute_gradients`."""
   options = gradients.StepOptions.from_config(config)
@@ -212,7 +212,7 @@ def _step_options(task: task_lib.Task, train_state: state_lib.TrainState,
 
 
 def parts(task: task_lib.Task, mode: str, setup: Process,
-          config: TrainerConfig) -> Parts:
+          config: config_lib.TrainerConfig) -> Parts:
   """Builds the inputs, training state and Orbit runners of `mode` (one of
   `trainer.experiment.MODES`) in the process `setup`."""
   training = mode in ("train", "train_and_eval")
@@ -271,8 +271,8 @@ def _report_placement(built_state: state_lib.TrainState,
     console.info(f"placement | {line}")
 
 
-def _rescale(config: TrainerConfig,
-             num_replicas: int) -> Tuple[TrainerConfig, float]:
+def _rescale(config: config_lib.TrainerConfig,
+             num_replicas: int) -> Tuple[config_lib.TrainerConfig, float]:
   """Applies `trainer.batch_scaling`; returns the config and the learning
   rate factor."""
   config, replica_factor = scaling.rescale(config, num_replicas)

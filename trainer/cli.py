@@ -22,6 +22,7 @@ from absl import flags
 import gin
 import tensorflow as tf
 
+from trainer import config as config_lib
 from trainer import console
 from trainer import errors
 from trainer import experiment
@@ -180,7 +181,7 @@ def _one_line_failures():
 
 def main(model_dir: str, task: task_lib.Task,
          runtime: runtime_lib.RuntimeConfig,
-         config: experiment.TrainerConfig,
+         config: config_lib.TrainerConfig,
          receiver: Optional[preemption.Receiver] = None) -> int:
   """Runs the validated experiment in `FLAGS.mode`; returns the exit code.
 
@@ -202,7 +203,7 @@ def main(model_dir: str, task: task_lib.Task,
 
 
 def dry_run(task: task_lib.Task, runtime: runtime_lib.RuntimeConfig,
-            config: experiment.TrainerConfig, model_dir: str,
+            config: config_lib.TrainerConfig, model_dir: str,
             receiver: Optional[preemption.Receiver] = None) -> int:
   """Runs one train and one eval step in a temporary directory.
 

@@ -39,13 +39,12 @@ from trainer.report import run_report
 from trainer.storage import evaluated
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval")
-TrainerConfig = config_lib.TrainerConfig
 
 
 @errors.raised_as_is()
 def run(task: task_lib.Task, mode: str, model_dir: str,
         runtime: Optional[runtime_lib.RuntimeConfig] = None,
-        config: Optional[TrainerConfig] = None,
+        config: Optional[config_lib.TrainerConfig] = None,
         restore_dir: Optional[str] = None,
         receiver: Optional[preemption.Receiver] = None) -> Dict[str, Any]:
   """Trains and/or evaluates `task` in `model_dir`.
@@ -72,7 +71,7 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   """
   started = time.perf_counter()
   runtime = runtime or runtime_lib.RuntimeConfig()
-  config = config or TrainerConfig()
+  config = config or config_lib.TrainerConfig()
   if mode not in MODES:
     raise errors.ConfigError(
         f"`mode` ({mode!r}) must be one of: {', '.join(MODES)}.")
@@ -99,7 +98,8 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
 
 
 def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
-                   runtime: runtime_lib.RuntimeConfig, config: TrainerConfig,
+                   runtime: runtime_lib.RuntimeConfig,
+                   config: config_lib.TrainerConfig,
                    restore_dir: str, started: float,
                    membership: cluster.Membership,
                    receiver: Optional[preemption.Receiver]) -> Dict[str, Any]:
@@ -267,7 +267,7 @@ def _run_mode(parts: build.Parts, controller: controller_lib.Controller,
   return output
 
 
-def _evaluation_missed(step: int, config: TrainerConfig,
+def _evaluation_missed(step: int, config: config_lib.TrainerConfig,
                        write_dir: str) -> bool:
   """Whether `train_and_eval` was due to evaluate `step` (the restored one,
   below `train_steps`) but has no record of it."""
@@ -278,7 +278,7 @@ def _evaluation_missed(step: int, config: TrainerConfig,
 
 def _evaluate_continuously(
     controller: controller_lib.Controller, model_dir: str,
-    config: TrainerConfig,
+    config: config_lib.TrainerConfig,
     early_stopping: Optional[actions.EarlyStopping]) -> Dict[str, Any]:
   """Evaluates every checkpoint of `model_dir` once, in step order, until the
   one at `train_steps` (see `trainer.loop.continuous_eval`)."""

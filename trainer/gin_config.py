@@ -17,8 +17,9 @@ from typing import List, Sequence, Tuple
 
 import gin
 
+from trainer import config as config_lib
 from trainer import errors
-from trainer import experiment
+from trainer import experiment  # noqa: F401  Registers what a run configures.
 from trainer import runtime as runtime_lib
 from trainer import user_errors
 from trainer.model import task as task_lib
@@ -125,7 +126,7 @@ def _one_line(error: BaseException) -> str:
 
 def load_config(gin_files: Sequence[str], gin_params: Sequence[str]
                 ) -> Tuple[task_lib.Task, runtime_lib.RuntimeConfig,
-                           experiment.TrainerConfig]:
+                           config_lib.TrainerConfig]:
   """Parses gin and builds every configured object, validating each.
 
   Raises:
@@ -150,7 +151,7 @@ def load_config(gin_files: Sequence[str], gin_params: Sequence[str]
       gin.parse_config_files_and_bindings(gin_files, gin_params,
                                           skip_unknown=False)
     task = configured_task()
-    return task, runtime_lib.RuntimeConfig(), experiment.TrainerConfig()
+    return task, runtime_lib.RuntimeConfig(), config_lib.TrainerConfig()
   except Exception as e:  # Gin re-raises the user's errors with context.
     message = _one_line(e)
     if user_errors.in_user_code(e):

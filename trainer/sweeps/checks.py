@@ -14,12 +14,12 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import gin
 
+from trainer import config as config_lib
+from trainer import errors
+from trainer import gin_config
 from trainer.sweeps import space as space_lib
 from trainer.sweeps import trial_run
 from trainer.sweeps import warm
-from trainer import errors
-from trainer import experiment
-from trainer import gin_config
 
 SWEPT_MODE = "train_and_eval"
 
@@ -51,7 +51,7 @@ def grid_trials(size: int, n_trials: int, partial: bool) -> int:
 
 def load_trial_configs(gin_files: Sequence[str], gin_params: Sequence[str],
                        space: Sequence[space_lib.Dimension]
-                       ) -> experiment.TrainerConfig:
+                       ) -> config_lib.TrainerConfig:
   """Loads the configuration with each swept value in turn; returns the
   trainer settings of the first point.
 
@@ -79,7 +79,7 @@ def load_trial_configs(gin_files: Sequence[str], gin_params: Sequence[str],
 
 
 def _load(gin_files: Sequence[str], gin_params: Sequence[str]
-          ) -> experiment.TrainerConfig:
+          ) -> config_lib.TrainerConfig:
   try:
     return gin_config.load_config(gin_files, gin_params)[2]
   finally:

@@ -17,6 +17,9 @@ from typing import List, Optional, Tuple
 from absl import flags
 import optuna
 
+from trainer import cli
+from trainer import console
+from trainer import errors
 from trainer.sweeps import checks
 from trainer.sweeps import hparams
 from trainer.sweeps import locks
@@ -25,9 +28,6 @@ from trainer.sweeps import space as space_lib
 from trainer.sweeps import study as study_lib
 from trainer.sweeps import warm
 from trainer.sweeps import worker
-from trainer import cli
-from trainer import console
-from trainer import errors
 
 PROGRAM = "sweep.py"
 TRAIN_FLAGS = ("gin_file", "gin_param", "mode", "full_traceback")

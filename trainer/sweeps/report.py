@@ -22,11 +22,11 @@ from typing import Any, Dict, List, Optional, Sequence
 import optuna
 from optuna.trial import TrialState
 
+from trainer import console
+from trainer.storage import files
 from trainer.sweeps import plot
 from trainer.sweeps import space as space_lib
 from trainer.sweeps import trial_run
-from trainer import console
-from trainer.storage import files
 
 CSV = "results.csv"
 _ORDER = {TrialState.COMPLETE: 0, TrialState.PRUNED: 1, TrialState.RUNNING: 2,

@@ -16,9 +16,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import optuna
 
+from trainer import errors
 from trainer.sweeps import journal
 from trainer.sweeps import space as space_lib
-from trainer import errors
 
 JOURNAL = "study.journal"
 SAMPLERS = ("grid", "random", "tpe")

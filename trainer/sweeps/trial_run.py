@@ -18,8 +18,8 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
-from trainer.sweeps import warm
 from trainer.storage import evaluated
+from trainer.sweeps import warm
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))

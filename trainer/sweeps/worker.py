@@ -27,14 +27,14 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import optuna
 from optuna.trial import TrialState
 
+from trainer import console
+from trainer.storage import files
 from trainer.sweeps import hparams
 from trainer.sweeps import locks
 from trainer.sweeps import report
 from trainer.sweeps import space as space_lib
 from trainer.sweeps import trial_run
 from trainer.sweeps import warm
-from trainer import console
-from trainer.storage import files
 
 # How long a resumed trial waits for its killed predecessor to save.
 _TRAINER_WAIT_SECONDS = 300.0
