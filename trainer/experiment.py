@@ -31,9 +31,9 @@ from trainer.data import stall_watch
 from trainer.distribute import cluster
 from trainer.distribute import ps_errors
 from trainer.distribute import roles
-from trainer.loop import continuous_eval
-from trainer.loop import controller as controller_lib
 from trainer.loop import preemption
+from trainer.loop.control import continuous_eval
+from trainer.loop.control import controller as controller_lib
 from trainer.model import task as task_lib
 from trainer.report import run_report
 from trainer.storage import evaluated

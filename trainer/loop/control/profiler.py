@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from trainer import checks
 from trainer import console
-from trainer.loop import hooks as loop_hooks
+from trainer.loop.control import hooks as loop_hooks
 
 
 class ProfileWindow(loop_hooks.LoopHook):

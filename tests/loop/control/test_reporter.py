@@ -4,8 +4,8 @@ after each loop, read back."""
 import pytest
 import tensorflow as tf
 
-from trainer.loop import hooks as loop_hooks
-from trainer.loop import reporter as reporter_lib
+from trainer.loop.control import hooks as loop_hooks
+from trainer.loop.control import reporter as reporter_lib
 
 import helpers
 

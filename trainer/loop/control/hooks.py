@@ -1,8 +1,8 @@
 """`LoopHook`: what runs at a training loop's cadence, and what it is given.
 
-The controller (`trainer.loop.controller.Controller`) runs training as loops of
-`steps_per_loop` steps (one `tf.function` call each). Around every loop it
-calls its hooks, in the order given:
+The controller (`trainer.loop.control.controller.Controller`) runs training
+as loops of `steps_per_loop` steps (one `tf.function` call each). Around
+every loop it calls its hooks, in the order given:
 
     stop_reason()                     training stops before the loop if a
                                       hook gives a reason

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from trainer import errors
-from trainer.loop import summary_window
+from trainer.loop.runner import summary_window
 
 
 def _window():

@@ -13,7 +13,7 @@ import tf_keras
 import trainer
 from trainer import experiment
 from trainer.data import inputs as inputs_lib
-from trainer.loop import runners
+from trainer.loop.runner import runners
 
 import helpers
 

@@ -4,7 +4,7 @@
 import pytest
 
 from trainer import errors
-from trainer.loop import rollback
+from trainer.loop.control import rollback
 
 
 def test_stop_names_the_step_and_the_newest_checkpoint():

@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 
 from trainer import errors
-from trainer.loop import orbit_adapter
-from trainer.loop import runners
+from trainer.loop.runner import orbit_adapter
+from trainer.loop.runner import runners
 
 
 class _Plain(orbit.runner.AbstractTrainer):

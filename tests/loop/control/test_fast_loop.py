@@ -4,8 +4,8 @@ step reached checked."""
 
 import tensorflow as tf
 
-from trainer.loop import fast_loop
-from trainer.loop import runners
+from trainer.loop.control import fast_loop
+from trainer.loop.runner import runners
 
 
 class _Runner:

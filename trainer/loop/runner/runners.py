@@ -7,8 +7,9 @@ The loop calls rooms of one concern each: the per-replica step
 loss-scaling check (`first_step_check`), the input position
 (`input_position`), the tf.data service's new jobs (`job_retry`) and the
 check that every optimizer stepped (`idle_optimizers`).
-The evaluator is `trainer.loop.evaluator.TaskEvaluator`; the parameter-server
-trainer, which schedules steps on workers, `trainer.parameter_server`.
+The evaluator is `trainer.loop.runner.evaluator.TaskEvaluator`; the
+parameter-server trainer, which schedules steps on workers,
+`trainer.parameter_server`.
 """
 
 import contextlib
@@ -26,12 +27,12 @@ from trainer import errors
 from trainer import graph_code
 from trainer.data import data_loss
 from trainer.data import inputs as inputs_lib
-from trainer.loop import first_step_check
-from trainer.loop import idle_optimizers
-from trainer.loop import input_position
-from trainer.loop import job_retry
-from trainer.loop import replica_step
-from trainer.loop import summary_window
+from trainer.loop.runner import first_step_check
+from trainer.loop.runner import idle_optimizers
+from trainer.loop.runner import input_position
+from trainer.loop.runner import job_retry
+from trainer.loop.runner import replica_step
+from trainer.loop.runner import summary_window
 from trainer.model import gradients
 from trainer.model import named
 from trainer.model import optimization

@@ -18,7 +18,7 @@ import orbit
 import tensorflow as tf
 
 from trainer import console
-from trainer.loop import runners
+from trainer.loop.runner import runners
 
 
 class FastLoop:

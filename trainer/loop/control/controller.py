@@ -21,9 +21,9 @@ and stops early; `restore_checkpoint` falls back past damaged checkpoints.
 There is one loop, for every runner: one without the loop's capabilities
 (any plain `orbit.AbstractTrainer`) is wrapped in an
 `orbit_adapter.OrbitRunnerAdapter` built on its own `train` and output.
-The loop keeps Orbit's contract (tests/loop/test_orbit_controller.py runs
-Orbit's controller tests on it, with Orbit's plain runners and with capable
-ones): with a `summary_dir` (or `summary_manager`) the runner trains under
+The loop keeps Orbit's contract (tests/loop/control/test_orbit_controller.py
+runs Orbit's controller tests on it, with Orbit's plain runners and with
+capable ones): with a `summary_dir` (or `summary_manager`) the runner trains under
 that writer and Orbit's `summary_interval` (`tf.summary.record_if`), and its
 output with `steps_per_second` is written after every loop; train actions get
 the runner's output; a loop that did not advance the global step by its
@@ -42,12 +42,12 @@ import orbit
 import tensorflow as tf
 
 from trainer import console
-from trainer.loop import checkpoint_saves
-from trainer.loop import fast_loop
-from trainer.loop import hooks as loop_hooks
-from trainer.loop import orbit_adapter
 from trainer.loop import preemption as preemption_lib
-from trainer.loop import rollback
+from trainer.loop.control import checkpoint_saves
+from trainer.loop.control import fast_loop
+from trainer.loop.control import hooks as loop_hooks
+from trainer.loop.control import rollback
+from trainer.loop.runner import orbit_adapter
 from trainer.report import run_report
 from trainer.storage import checkpoints
 
@@ -150,8 +150,8 @@ class Controller(orbit.Controller):
         every evaluation between loops. It learns the step reached from
         `progress`, given to it where it is built.
       hooks: Called around every loop, in this order (see
-        `trainer.loop.hooks`): the progress line and train summaries, the
-        profile window, early stopping.
+        `trainer.loop.control.hooks`): the progress line and train
+        summaries, the profile window, early stopping.
       restored_fn: Called after every restore of a checkpoint (the first,
         a rollback's), in the strategy scope: puts the configured optimizer
         hyperparameters over the checkpoint's.

@@ -11,7 +11,7 @@ import tensorflow as tf
 import trainer
 from trainer import errors
 from trainer import experiment
-from trainer.loop import continuous_eval
+from trainer.loop.control import continuous_eval
 from trainer.storage import checkpoints
 from trainer.storage import evaluated
 

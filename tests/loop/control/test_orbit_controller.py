@@ -21,9 +21,9 @@ from orbit import controller as orbit_controller
 from orbit import controller_test
 import tensorflow as tf
 
-from trainer.loop import controller as controller_lib
-from trainer.loop import orbit_adapter
-from trainer.loop import runners
+from trainer.loop.control import controller as controller_lib
+from trainer.loop.runner import orbit_adapter
+from trainer.loop.runner import runners
 
 # The test module builds every controller as `controller.Controller(...)`
 # (and subclasses it once) and reads Orbit's usage gauge from the same

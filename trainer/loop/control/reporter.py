@@ -7,7 +7,7 @@ from typing import Callable, Dict, Optional
 import numpy as np
 
 from trainer import console
-from trainer.loop import hooks as loop_hooks
+from trainer.loop.control import hooks as loop_hooks
 from trainer.report import summaries
 
 

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from trainer import console
 from trainer.distribute import cluster
-from trainer.loop import runners
+from trainer.loop.runner import runners
 from trainer.report import tf_logs
 
 

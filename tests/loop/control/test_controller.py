@@ -15,8 +15,8 @@ import tensorflow as tf
 import trainer
 from tasks import digits
 from trainer import experiment
-from trainer.loop import controller as controller_lib
-from trainer.loop import runners
+from trainer.loop.control import controller as controller_lib
+from trainer.loop.runner import runners
 
 import helpers
 

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from trainer import errors
 from trainer.data import service as data_service
-from trainer.loop import job_retry
+from trainer.loop.runner import job_retry
 
 
 def _lost(step: int) -> str:

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from trainer import errors
-from trainer.loop import first_step_check
+from trainer.loop.runner import first_step_check
 
 import helpers
 

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from trainer import console
 from trainer import errors
-from trainer.loop import rollback
+from trainer.loop.control import rollback
 
 
 class CheckpointSaves:

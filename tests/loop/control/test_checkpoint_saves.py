@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 
 from trainer import errors
-from trainer.loop import checkpoint_saves
-from trainer.loop import rollback
+from trainer.loop.control import checkpoint_saves
+from trainer.loop.control import rollback
 
 
 def _saves(tmp_path, interval=10, manager_interval=None, finite=True):

@@ -4,7 +4,7 @@ import pytest
 import tf_keras
 
 from trainer import errors
-from trainer.loop import idle_optimizers
+from trainer.loop.runner import idle_optimizers
 
 
 def _optimizer(steps: int) -> tf_keras.optimizers.Optimizer:

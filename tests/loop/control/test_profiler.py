@@ -7,7 +7,7 @@ import pytest
 
 import trainer
 from trainer import experiment
-from trainer.loop import profiler
+from trainer.loop.control import profiler
 
 import helpers
 

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from trainer import errors
-from trainer.loop import replica_step
+from trainer.loop.runner import replica_step
 from trainer.model import gradients
 
 import helpers

@@ -4,7 +4,7 @@ the batches it skips."""
 import pytest
 import tensorflow as tf
 
-from trainer.loop import input_position
+from trainer.loop.runner import input_position
 
 
 class _Input:

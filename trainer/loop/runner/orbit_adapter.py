@@ -1,7 +1,8 @@
 """A plain Orbit runner given what the controller's loop needs from it.
 
-The controller (`trainer.loop.controller.Controller`) drives every runner
-through one loop, which asks the runner for four things besides `train`:
+The controller (`trainer.loop.control.controller.Controller`) drives every
+runner through one loop, which asks the runner for four things besides
+`train`:
 
     loop_status()            the loop's loss, a non-finite step, the step
     discard_batch()          skip the batch of a rolled-back step
@@ -22,7 +23,7 @@ import orbit
 import tensorflow as tf
 
 from trainer import errors
-from trainer.loop import runners
+from trainer.loop.runner import runners
 
 # What the controller's loop uses of a runner, besides `train`.
 CAPABILITIES = ("loop_status", "discard_batch", "read_and_reset_metrics",

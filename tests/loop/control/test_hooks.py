@@ -9,11 +9,11 @@ import pytest
 import tensorflow as tf
 
 import trainer
-from trainer.loop import controller as controller_lib
-from trainer.loop import hooks as loop_hooks
 from trainer.loop import preemption
-from trainer.loop import rollback
-from trainer.loop import runners
+from trainer.loop.control import controller as controller_lib
+from trainer.loop.control import hooks as loop_hooks
+from trainer.loop.control import rollback
+from trainer.loop.runner import runners
 
 
 class _Loop(orbit.runner.AbstractTrainer):
