@@ -1,5 +1,5 @@
 """trainer/'s packages keep the layer order of .importlinter, and its other
-contracts (the loop's control room above its runner room; loop/preemption
+contracts (the loop's control room above its runner room; preemption
 knows no scheduler) hold."""
 
 import os

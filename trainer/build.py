@@ -32,11 +32,11 @@ from trainer.distribute import parameter_server
 from trainer.distribute import pipeline
 from trainer.distribute import placement
 from trainer.distribute import strategy as strategy_lib
-from trainer.loop import preemption
 from trainer.loop.control import controller as controller_lib
 from trainer.loop.control import profiler
 from trainer.loop.control import reporter
 from trainer.loop.control import rollback
+from trainer.loop.control import watcher as watcher_lib
 from trainer.loop.runner import evaluator as evaluator_lib
 from trainer.loop.runner import runners
 from trainer.loop.runner import scheduled_trainer
@@ -296,7 +296,7 @@ def early_stopping(built: Parts,
 
 def controller(built: Parts, write_dir: str, *,
                restore_dir: Optional[str] = None,
-               watcher: Optional[preemption.PreemptionWatcher] = None,
+               watcher: Optional[watcher_lib.Watcher] = None,
                stopper: Optional[actions.EarlyStopping] = None,
                saves: bool = True,
                input_stale_until: int = -1) -> controller_lib.Controller:

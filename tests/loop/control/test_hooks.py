@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import trainer
-from trainer.loop import preemption
+from trainer import preemption
 from trainer.loop.control import controller as controller_lib
 from trainer.loop.control import hooks as loop_hooks
 from trainer.loop.control import rollback

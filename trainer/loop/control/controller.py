@@ -42,11 +42,11 @@ import orbit
 import tensorflow as tf
 
 from trainer import console
-from trainer.loop import preemption as preemption_lib
 from trainer.loop.control import checkpoint_saves
 from trainer.loop.control import fast_loop
 from trainer.loop.control import hooks as loop_hooks
 from trainer.loop.control import rollback
+from trainer.loop.control import watcher as watcher_lib
 from trainer.loop.runner import orbit_adapter
 from trainer.report import run_report
 from trainer.storage import checkpoints
@@ -113,7 +113,7 @@ class Controller(orbit.Controller):
           orbit.utils.SummaryManagerInterface] = None,
       options: ControllerOptions = ControllerOptions(),
       guard: Optional[rollback.NonFiniteGuard] = None,
-      preemption: Optional[preemption_lib.PreemptionWatcher] = None,
+      preemption: Optional[watcher_lib.Watcher] = None,
       hooks: Sequence[loop_hooks.LoopHook] = (),
       restored_fn: Optional[Callable[[], None]] = None):
     """Builds the controller; restores the newest checkpoint if there is one.
@@ -146,9 +146,11 @@ class Controller(orbit.Controller):
         `eval_summary_dir`.
       options: Checkpoint cadence and where to restore from.
       guard: What a non-finite training loss does (default: stop).
-      preemption: Watches for SIGTERM/SIGINT; checked after every loop and
-        every evaluation between loops. It learns the step reached from
-        `progress`, given to it where it is built.
+      preemption: Watches for SIGTERM/SIGINT (a `watcher_lib.Watcher`: the
+        command line's `trainer.preemption.PreemptionWatcher`, given here
+        by the experiment); checked after every loop and every evaluation
+        between loops. It learns the step reached from `progress`, given
+        to it where it is built.
       hooks: Called around every loop, in this order (see
         `trainer.loop.control.hooks`): the progress line and train
         summaries, the profile window, early stopping.
@@ -217,7 +219,7 @@ class Controller(orbit.Controller):
     except (tf.errors.OpError, ValueError, RuntimeError):
       return self._step
 
-  def progress(self) -> Optional[preemption_lib.Progress]:
+  def progress(self) -> Optional[watcher_lib.Progress]:
     """The step reached and the newest checkpoint's step (None: none), for
     another thread (a signal's exit line); None until the controller has
     restored its step."""

@@ -18,8 +18,9 @@ does not come (the tf.data service's stall watch, `trainer.data_service`)
 is not waited for: the step it reached is saved while it waits, and the
 process exits with the same code (`PreemptionWatcher.end_waiting`). Outside
 training (start-up, the final evaluation and export, the eval modes)
-nothing waits: the process exits at once. Its lines are in
-`preemption_lines`.
+nothing waits: the process exits at once. The lines it exits with, where
+it cannot wait for training to save (what was saved when, which steps were
+not, and how to go on), are at the end of this module.
 
 Python runs a signal handler only when the main thread returns to bytecode,
 never while it waits inside TensorFlow (a step, an input blocked in a
@@ -48,13 +49,13 @@ import contextlib
 import signal
 import threading
 import time
-from typing import Callable, Iterator, Optional, Tuple
+from typing import Callable, Iterator, Optional, Union
 
 import tensorflow as tf
 
 from trainer import console
 from trainer import errors
-from trainer.loop import preemption_lines as lines
+from trainer.loop.control import watcher as watcher_lib
 
 REQUEUE_SIGNAL = signal.SIGUSR1
 SIGNALS = (signal.SIGTERM, signal.SIGINT, REQUEUE_SIGNAL)
@@ -63,9 +64,14 @@ DEFAULT_GRACE_SECONDS = 25.0
 # The same signal again this soon is the same delivery: `timeout` (and `kill
 # 0`) signals the process and then its group, so it gets two SIGTERMs.
 DUPLICATE_SECONDS = 1.0
+REQUEUE_BEFORE_TRAINING = ("received SIGUSR1 before training: saving a "
+                           "checkpoint and requeueing after the first loop")
+REQUEUE_NOT_TRAINING = ("received SIGUSR1: this task does not train; the "
+                        "chief's requeue stops it")
 
-# The step reached and the newest checkpoint's step (None: none yet).
-Progress = Tuple[int, Optional[int]]
+# The step reached and the newest checkpoint's step (None: none yet), as
+# the controller's `progress` gives them.
+Progress = watcher_lib.Progress
 # Requeues the job after a stop for SIGUSR1 where the process is the chief
 # (its argument) and returns what became of the job, for the exit line.
 RequeueFn = Callable[[bool], str]
@@ -166,7 +172,7 @@ class PreemptionWatcher:
     self.defer(signum)
     # The next one is handled as if no watcher were installed.
     signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
-    console.warning(lines.saving_after_loop(signum))
+    console.warning(saving_after_loop(signum))
 
   @contextlib.contextmanager
   def armed(self) -> Iterator[None]:
@@ -341,7 +347,7 @@ class Receiver:
       self._exit_now(self._first)
     if self._pending_requeue and not training:
       self._pending_requeue = False
-      console.warning(lines.REQUEUE_NOT_TRAINING)
+      console.warning(REQUEUE_NOT_TRAINING)
 
   def serve(self) -> None:
     """Receives signals until the process ends."""
@@ -369,13 +375,13 @@ class Receiver:
       if stopping is not None:
         # Saved already: the SIGTERM a chief's requeue sends every task (or
         # an impatient second Ctrl-C) ends the process with the same line.
-        self._exit_fn(lines.exit_line(stopping, self._requeue_fn),
+        self._exit_fn(exit_line(stopping, self._requeue_fn),
                       stopping.exit_code, asked=stopping.asked)
         return
       if not self._configured:
         self._exit_now(self._first)
       else:
-        self._exit_forced(lines.second_signal(signum))
+        self._exit_forced(second_signal(signum))
       return
     self._first, self._first_at = signum, self._clock()
     progress = self._progress()
@@ -386,7 +392,7 @@ class Receiver:
     elif self.watcher is None or not self.watcher.defer(signum):
       self._exit_now(signum)
     else:
-      console.warning(lines.saving_after_loop(signum))
+      console.warning(saving_after_loop(signum))
       self._deadline = self._clock() + self._grace_seconds
 
   def _wait_to_requeue(self) -> bool:
@@ -395,7 +401,7 @@ class Receiver:
     Returns whether it did."""
     watcher = self.watcher
     if self._configured and not self._training:
-      console.warning(lines.REQUEUE_NOT_TRAINING)
+      console.warning(REQUEUE_NOT_TRAINING)
       return True
     if watcher is not None and (watcher.is_armed or watcher.trained):
       return False  # Saved after this loop, or exits now: like SIGTERM.
@@ -403,7 +409,7 @@ class Receiver:
       watcher.defer(REQUEUE_SIGNAL)
     else:
       self._pending_requeue = True
-    console.warning(lines.REQUEUE_BEFORE_TRAINING)
+    console.warning(REQUEUE_BEFORE_TRAINING)
     return True
 
   def expire(self) -> None:
@@ -411,7 +417,7 @@ class Receiver:
     if not self._configured:
       self._exit_now(self._first)
     else:
-      self._exit_forced(lines.grace_over(self._grace_seconds, self._first))
+      self._exit_forced(grace_over(self._grace_seconds, self._first))
 
   def end_waiting(self, reason: str) -> None:
     """Ends the process during training before the loop comes back, for
@@ -430,17 +436,118 @@ class Receiver:
       if signum == REQUEUE_SIGNAL:
         # Requeued from the exit function, under its lock: the SIGTERM the
         # requeue sends this task cannot print a second line.
-        line = lambda: lines.after_training(
+        line = lambda: after_training(
             signum, progress[0], code, self._requeue_fn(watcher.is_chief))
       else:
-        line = lines.after_training(signum, progress[0], code)
+        line = after_training(signum, progress[0], code)
     else:
-      line = lines.nothing_saved(signum, code, self._training)
+      line = nothing_saved(signum, code, self._training)
     self._exit_fn(line, code, asked=self._asked)
 
   def _exit_forced(self, reason: str) -> None:
     """Exits during training, without waiting for it, saying the step
     reached, and which checkpoint was saved when."""
-    self._exit_fn(lines.forced(reason, self._exit_code, self._progress(),
-                               self._first, self._newest_at_signal),
+    self._exit_fn(forced(reason, self._exit_code, self._progress(),
+                         self._first, self._newest_at_signal),
                   self._exit_code, asked=self._asked)
+
+
+# The lines a process stopped by a signal exits with, where it cannot wait
+# for training to save; `Receiver` picks the line.
+
+
+def signal_name(signum: int) -> str:
+  """`SIGTERM` for `signal.SIGTERM`."""
+  return signal.Signals(signum).name
+
+
+def exit_line(error: errors.Preempted, requeue_fn: RequeueFn
+              ) -> Union[str, Callable[[], str]]:
+  """The line a process stopped by `error` exits with: a function where the
+  stop asks for a requeue, which it makes (`requeue_fn(is_chief)`) when
+  called."""
+  if error.requeue:
+    return lambda: error.line(requeue_fn(error.is_chief))
+  return str(error)
+
+
+def saving_after_loop(signum: int) -> str:
+  """The warning for a signal that training saves for."""
+  return f"received {signal_name(signum)}: saving a checkpoint after this loop"
+
+
+def second_signal(signum: int) -> str:
+  """Why a second signal ends training at once."""
+  return f"a second signal ({signal_name(signum)}) ended it at once"
+
+
+def grace_over(grace_seconds: float, first: int) -> str:
+  """Why training is not waited for once the grace period is over."""
+  return (f"training did not stop within {grace_seconds:g} s of "
+          f"{signal_name(first)} (`trainer.preemption_grace_seconds`)")
+
+
+def after_training(signum: int, step: int, exit_code: int,
+                   requeued: Optional[str] = None) -> str:
+  """A signal after training: the final checkpoint, of `step`, is saved;
+  `requeued` says what became of the job where the signal asks for a
+  requeue."""
+  saved = (f"preempted by {signal_name(signum)} after training: the final "
+           f"checkpoint (step {step}) is saved")
+  if requeued is not None:
+    return f"{saved}; {requeued}, to finish (exit code {exit_code})"
+  return (f"{saved}; run the same command again to finish (exit code "
+          f"{exit_code})")
+
+
+def nothing_saved(signum: int, exit_code: int, training: bool) -> str:
+  """A signal before training started (`training`: the mode trains), or in
+  a mode that does not train."""
+  name = signal_name(signum)
+  if training:
+    return (f"preempted by {name} before training started: nothing to "
+            f"save; run the same command again (exit code {exit_code})")
+  return (f"preempted by {name}: nothing to save; run the same command "
+          f"again (exit code {exit_code})")
+
+
+def forced(reason: str, exit_code: int,
+           progress: Optional[Progress], first: int,
+           newest_at_signal: Optional[int]) -> str:
+  """An exit during training, without waiting for it, for `reason`.
+
+  Args:
+    reason: Why the process does not wait.
+    exit_code: The exit code the line names.
+    progress: The step reached and the newest checkpoint's step (None:
+      none yet), or None where unknown.
+    first: The first signal received.
+    newest_at_signal: The newest checkpoint's step when it came.
+  """
+  code = exit_code
+  if progress is None:
+    return (f"preempted: {reason}; run the same command again (exit code "
+            f"{code})")
+  step, newest = progress
+  name = signal_name(first)
+  if newest is None:
+    saved = "no checkpoint is saved yet"
+    if step:
+      saved += f"; {_steps(1, step)} not saved"
+    return (f"preempted at step {step}: {reason}; {saved}; run the same "
+            f"command again to start over (exit code {code})")
+  if newest == newest_at_signal:
+    saved = f"the checkpoint of step {newest} was saved before {name}"
+  else:
+    saved = f"the checkpoint of step {newest} was saved for {name}"
+  if step > newest:
+    saved += f"; {_steps(newest + 1, step)} not saved"
+  return (f"preempted at step {step}: {reason}; {saved}; run the same "
+          f"command again to resume from step {newest} (exit code {code})")
+
+
+def _steps(first: int, last: int) -> str:
+  """`step 7 is` or `steps 501-507 are`."""
+  if first == last:
+    return f"step {first} is"
+  return f"steps {first}-{last} are"

@@ -10,8 +10,7 @@ import pytest
 
 import helpers
 from trainer import errors
-from trainer.loop import preemption
-from trainer.loop import preemption_lines
+from trainer import preemption
 
 DIGITS = ["--gin_file=gin/digits.gin", "--gin_param=runtime.deterministic=True",
           "--gin_param=trainer.steps_per_loop=10",
@@ -100,7 +99,7 @@ def test_a_stop_for_sigusr1_requeues_through_the_function_given():
     return "job 9 requeued"
 
   stop = errors.Preempted(100, 42, requeue=True, is_chief=False)
-  line = preemption_lines.exit_line(stop, requeue)
+  line = preemption.exit_line(stop, requeue)
   assert not calls
   assert line() == (
       "preempted at step 100 by SIGUSR1 (the time limit is near): "
@@ -108,5 +107,5 @@ def test_a_stop_for_sigusr1_requeues_through_the_function_given():
       "42)")
   assert calls == [False]
   plain = errors.Preempted(100, 42)
-  assert preemption_lines.exit_line(plain, requeue) == str(plain)
+  assert preemption.exit_line(plain, requeue) == str(plain)
   assert calls == [False]
