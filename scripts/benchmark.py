@@ -5,9 +5,9 @@ categorical crossentropy from logits, loss scaled by the GLOBAL batch), one
 data set (4,096 random in-memory examples, repeated, global batch 256,
 prefetched) and one strategy object, it times four contenders:
 
-  ours   `trainer.loop.controller.Controller` driving
-         `trainer.loop.runners.TaskTrainer` built from a `trainer.Task` by
-         `trainer.build`, as `train.py` builds them, with train summaries
+  ours   `trainer.loop.control.controller.Controller` driving
+         `trainer.loop.runner.runners.TaskTrainer` built from a
+         `trainer.Task` by `trainer.build`, as `train.py` builds them, with train summaries
          written to a temporary directory every `SUMMARY_INTERVAL` (100) steps at both `steps_per_loop`
          values, and its progress line printed every loop; no checkpoints.
   bare   a `tf.function` with `for _ in tf.range(n)` around `strategy.run`

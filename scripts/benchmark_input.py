@@ -65,7 +65,7 @@ from trainer import build
 from trainer import cli
 from trainer import console
 from trainer.data import inputs as inputs_lib
-from trainer.loop import runners
+from trainer.loop.runner import runners
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("fake_data", 0, "Write this many random training "

@@ -55,7 +55,7 @@ from trainer import errors
 from trainer import state as state_lib
 from trainer.data import inputs as inputs_lib
 from trainer.distribute import pipeline
-from trainer.loop import runners
+from trainer.loop.runner import runners
 from trainer.model import named
 from trainer.model import task as task_lib
 

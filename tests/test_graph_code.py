@@ -10,9 +10,9 @@ import tf_keras
 import trainer
 from trainer import experiment
 from trainer import graph_code
-from trainer.loop import first_step_check
-from trainer.loop import runners
-from trainer.loop import summary_window
+from trainer.loop.runner import first_step_check
+from trainer.loop.runner import runners
+from trainer.loop.runner import summary_window
 from trainer.model import gradients
 from trainer.model import task as task_lib
 

@@ -16,8 +16,8 @@ import time
 import pytest
 
 import helpers
+from trainer import preemption
 from trainer.distribute import slurm
-from trainer.loop import preemption
 
 FAULTY_TASK = textwrap.dedent('''
     import time

@@ -32,14 +32,14 @@ from trainer.distribute import parameter_server
 from trainer.distribute import pipeline
 from trainer.distribute import placement
 from trainer.distribute import strategy as strategy_lib
-from trainer.loop import controller as controller_lib
-from trainer.loop import evaluator as evaluator_lib
-from trainer.loop import preemption
-from trainer.loop import profiler
-from trainer.loop import reporter
-from trainer.loop import rollback
-from trainer.loop import runners
-from trainer.loop import scheduled_trainer
+from trainer.loop.control import controller as controller_lib
+from trainer.loop.control import profiler
+from trainer.loop.control import reporter
+from trainer.loop.control import rollback
+from trainer.loop.control import watcher as watcher_lib
+from trainer.loop.runner import evaluator as evaluator_lib
+from trainer.loop.runner import runners
+from trainer.loop.runner import scheduled_trainer
 from trainer.model import gradients
 from trainer.model import named
 from trainer.model import pipelined
@@ -296,7 +296,7 @@ def early_stopping(built: Parts,
 
 def controller(built: Parts, write_dir: str, *,
                restore_dir: Optional[str] = None,
-               watcher: Optional[preemption.PreemptionWatcher] = None,
+               watcher: Optional[watcher_lib.Watcher] = None,
                stopper: Optional[actions.EarlyStopping] = None,
                saves: bool = True,
                input_stale_until: int = -1) -> controller_lib.Controller:

@@ -27,11 +27,10 @@ from trainer import console
 from trainer import errors
 from trainer import experiment
 from trainer import gin_config
+from trainer import preemption
 from trainer import runtime as runtime_lib
 from trainer import user_errors
 from trainer.distribute import slurm
-from trainer.loop import preemption
-from trainer.loop import preemption_lines
 from trainer.model import task as task_lib
 from trainer.report import run_report
 from trainer.report import tf_logs
@@ -165,7 +164,7 @@ def _one_line_failures():
   except (errors.NonFiniteError, errors.RunError) as e:
     failure = (str(e), RUNTIME_ERROR_EXIT_CODE)
   except errors.Preempted as e:
-    failure = (preemption_lines.exit_line(e, slurm.requeue_outcome),
+    failure = (preemption.exit_line(e, slurm.requeue_outcome),
                e.exit_code, "train.py", e.asked)
   except Exception as e:  # pylint: disable=broad-except
     # A failed peer (UnavailableError), a lost device, a full disk or a

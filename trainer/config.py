@@ -17,8 +17,8 @@ import gin
 from trainer import actions
 from trainer import checks
 from trainer.distribute import pipeline as pipeline_lib
-from trainer.loop import profiler
-from trainer.loop import rollback
+from trainer.loop.control import profiler
+from trainer.loop.control import rollback
 from trainer.model import ema as ema_lib
 from trainer.model import optimization
 from trainer.model import optimizer_parts as optimizer_parts_lib

@@ -24,6 +24,7 @@ from trainer import config as config_lib
 from trainer import console
 from trainer import errors
 from trainer import model_dir as model_dir_lib
+from trainer import preemption
 from trainer import resume as resume_lib
 from trainer import runtime as runtime_lib
 from trainer import state as state_lib
@@ -31,9 +32,8 @@ from trainer.data import stall_watch
 from trainer.distribute import cluster
 from trainer.distribute import ps_errors
 from trainer.distribute import roles
-from trainer.loop import continuous_eval
-from trainer.loop import controller as controller_lib
-from trainer.loop import preemption
+from trainer.loop.control import continuous_eval
+from trainer.loop.control import controller as controller_lib
 from trainer.model import task as task_lib
 from trainer.report import run_report
 from trainer.storage import evaluated

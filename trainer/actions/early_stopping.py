@@ -15,7 +15,7 @@ import gin
 from trainer import checks
 from trainer import console
 from trainer.actions import metric
-from trainer.loop import hooks as loop_hooks
+from trainer.loop.control import hooks as loop_hooks
 from trainer.storage import files
 
 EARLY_STOPPING_RECORD = "early_stopping.json"

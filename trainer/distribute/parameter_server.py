@@ -4,7 +4,7 @@ It runs on TensorFlow's own machinery. TF_CONFIG names chief, worker and ps
 tasks (and optionally an `evaluator`); what each role runs is in
 `trainer.distribute.roles`. The chief builds the `ParameterServerStrategy`
 here; the trainer that schedules its steps on the workers is
-`trainer.loop.scheduled_trainer`, and a lost parameter server is named by
+`trainer.loop.runner.scheduled_trainer`, and a lost parameter server is named by
 `trainer.distribute.ps_errors`.
 
 Variables too large for one parameter server are split along their first
