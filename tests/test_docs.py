@@ -423,7 +423,7 @@ def test_pages_cite_no_tests_and_keep_no_history():
                            prose), page
 
 
-# A module, class or function named in backticks (`trainer.loop.hooks`), or
+# A module, class or function named in backticks (`trainer.loop.control.hooks`), or
 # a `trainer.<parameter>` gin binding; `trainer.gradient_clip_*` is a prefix.
 # Not a name that a string literal in code continues on its next line.
 _DOTTED_NAME = re.compile(

@@ -341,8 +341,8 @@ def controller(built: Parts, write_dir: str, *,
       evaluator=built.evaluator, strategy=train_state.strategy,
       train_actions=train.actions,
       eval_actions=_eval_actions(built, restored_path, write_dir, stopper),
-      # `trainer.steps_per_loop`: each `trainer.train(num_steps)` call runs
-      # at most this many steps, and loops end at its multiples.
+      # `trainer.steps_per_loop`: each call of the runner's `train(num_steps)`
+      # runs at most this many steps, and loops end at its multiples.
       steps_per_loop=config.steps_per_loop if training else None,
       checkpoint_manager=manager,
       eval_summary_dir=(os.path.join(write_dir, "eval")

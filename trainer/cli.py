@@ -286,7 +286,7 @@ def run() -> None:
   whose start-up initialises TensorFlow's devices (and, on machines without
   a GPU, prints a CUDA error line) before a bad configuration could be
   reported. SIGTERM and SIGINT are received from here on by a thread of
-  their own (`trainer.loop.preemption`); `train.py` blocks them earlier still.
+  their own (`trainer.preemption`); `train.py` blocks them earlier still.
   """
   signals = preemption.start_receiver(fail, slurm.requeue_outcome)
   argv = parse_flags(sys.argv)

@@ -281,7 +281,7 @@ def _evaluate_continuously(
     config: config_lib.TrainerConfig,
     early_stopping: Optional[actions.EarlyStopping]) -> Dict[str, Any]:
   """Evaluates every checkpoint of `model_dir` once, in step order, until the
-  one at `train_steps` (see `trainer.loop.continuous_eval`)."""
+  one at `train_steps` (see `trainer.loop.control.continuous_eval`)."""
 
   def evaluate(prefix: str):
     controller.restore_checkpoint(prefix)

@@ -5,7 +5,8 @@ stop. What happens then is its collaborators' concern: the runner's
 (`runners.TaskTrainer`), the non-finite guard's (`rollback.NonFiniteGuard`),
 the preemption watcher's, and its hooks' (`loop_hooks.LoopHook`: the
 progress line and train summaries, the profile window, early stopping),
-which it calls around every loop in the order `trainer.loop.hooks` gives.
+which it calls around every loop in the order
+`trainer.loop.control.hooks` gives.
 
 Orbit's `evaluate_continuously`, `save_checkpoint` and summary managers are
 kept. `train` and `_train_n_steps` are replaced because Orbit's per-loop
@@ -23,13 +24,13 @@ There is one loop, for every runner: one without the loop's capabilities
 `orbit_adapter.OrbitRunnerAdapter` built on its own `train` and output.
 The loop keeps Orbit's contract (tests/loop/control/test_orbit_controller.py
 runs Orbit's controller tests on it, with Orbit's plain runners and with
-capable ones): with a `summary_dir` (or `summary_manager`) the runner trains under
-that writer and Orbit's `summary_interval` (`tf.summary.record_if`), and its
-output with `steps_per_second` is written after every loop; train actions get
-the runner's output; a loop that did not advance the global step by its
-steps is reported; saves follow the checkpoint manager's interval unless
-`ControllerOptions` sets one. The framework passes no `summary_dir`: its
-train summaries are the reporter's, in `train/`.
+capable ones): with a `summary_dir` (or `summary_manager`) the runner trains
+under that writer and Orbit's `summary_interval` (`tf.summary.record_if`),
+and its output with `steps_per_second` is written after every loop; train
+actions get the runner's output; a loop that did not advance the global
+step by its steps is reported; saves follow the checkpoint manager's
+interval unless `ControllerOptions` sets one. The framework passes no
+`summary_dir`: its train summaries are the reporter's, in `train/`.
 """
 
 import contextlib
@@ -130,9 +131,9 @@ class Controller(orbit.Controller):
       strategy: The distribution strategy (default: the one in scope).
       train_actions: Called after every loop with the runner's output.
       eval_actions: Called after every evaluation with its output.
-      steps_per_loop: Steps per `trainer.train` call (or a function of the
-        global step that returns them); required with a `trainer`. Loops
-        end at its multiples.
+      steps_per_loop: Steps per call of the trainer's `train` (or a function
+        of the global step that returns them); required with a `trainer`.
+        Loops end at its multiples.
       checkpoint_manager: Saves and restores; None: neither.
       enable_async_checkpointing: Saves in the background (Orbit's).
       summary_interval: The step interval at which `tf.summary` calls inside
