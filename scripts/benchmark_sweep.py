@@ -14,15 +14,15 @@ The loop is the trials themselves, with nothing of the sweep's: no study,
 no checks, no report. The sweep does all of that (its imports, the bad-input
 checks with a `train.py --dry_run`, Optuna's journal, HParams, the table,
 `results.csv` and the plot), and starts each trial's process ahead, so that
-its TensorFlow loads while the trial before trains (`trainer.sweeps.warm`). The two
-take turns over `--rounds` rounds, the first of a round alternating; each
-must exit 0 with 6 COMPLETE trials (the sweep) or 6 runs at their last
+its TensorFlow loads while the trial before trains (`trainer.sweeps.warm`).
+The two take turns over `--rounds` rounds, the first of a round alternating;
+each must exit 0 with 6 COMPLETE trials (the sweep) or 6 runs at their last
 step (the loop). Reported: the median seconds of each, and `added`, the
 median over the rounds of (sweep - loop) / loop within a round: negative
 where the sweep is faster than running its trials by hand. Also, from the
-sweep's own lines, its trials' seconds as it measured them (from the
-trial's command to its exit, the loading done ahead left out) and what the
-sweep took beyond them.
+sweep's own lines, its trials' seconds as it measured them (from the trial's
+command to its exit, the loading done ahead left out) and what the sweep
+took beyond them.
 
 Target: added <= 0.05 (the sweep adds at most 5% to its trials' own time).
 

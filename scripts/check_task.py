@@ -18,10 +18,10 @@ Task's `train_step` override included), it checks that:
 Every run uses plain SGD (`--learning_rate`) in float32, whatever the task's
 optimizer and precision: Adam would hide a wrong loss scale. A pipelined
 model (`pipeline.*`) is checked whole: a pipeline cannot run on replicas,
-and the pipeline itself is not checked (a `SKIP pipeline` line says so). A failed check
-names the likely cause: the loss averaged over the per-replica batch,
-`BatchNormalization` without `synchronized=True`, stateful random ops in the
-step, or input that differs between builds.
+and the pipeline itself is not checked (a `SKIP pipeline` line says so). A
+failed check names the likely cause: the loss averaged over the per-replica
+batch, `BatchNormalization` without `synchronized=True`, stateful random ops
+in the step, or input that differs between builds.
 
 Usage:
   python scripts/check_task.py --gin_file=my.gin [--gin_param=...]

@@ -167,10 +167,14 @@ CASES = {
     "batched": "Batched",
     "scalar_loss": "ScalarLoss",
     "flat_labels": "FlatLabels",
-    "digits": "gin/digits.gin",
-    "pipeline": "gin/digits_pipeline.gin",
     "own_metrics": "OwnMetrics",
     "two_models": "TwoModels",
+}
+# Checked by slow tests (`slow_checks`): the shipped digits tasks, and a
+# second several-model case, each as long as three of the above.
+SLOW_CASES = {
+    "digits": "gin/digits.gin",
+    "pipeline": "gin/digits_pipeline.gin",
     "two_models_averaging": "TwoModelsAveraging",
 }
 
@@ -193,12 +197,11 @@ class Check:
     return self._result
 
 
-@pytest.fixture(scope="module")
-def checks(tmp_path_factory) -> Dict[str, Check]:
-  user_dir = tmp_path_factory.mktemp("user")
+def _start(cases: Dict[str, str], user_dir) -> Dict[str, Check]:
+  """Starts a check of each case, all at once."""
   (user_dir / "my_task.py").write_text(MY_TASKS)
   started = {}
-  for name, task in CASES.items():
+  for name, task in cases.items():
     if task.endswith(".gin"):
       started[name] = Check(helpers.REPO_ROOT, task)
       continue
@@ -206,11 +209,28 @@ def checks(tmp_path_factory) -> Dict[str, Check]:
         f"import my_task\nexperiment.task = @{task}()\n"
         "trainer.global_batch_size = 32\n")
     started[name] = Check(str(user_dir), f"{name}.gin")
-  yield started
+  return started
+
+
+def _stop(started: Dict[str, Check]) -> None:
   for check in started.values():
     if check.process.poll() is None:
       check.process.kill()
       check.process.wait()
+
+
+@pytest.fixture(scope="module")
+def checks(tmp_path_factory) -> Dict[str, Check]:
+  started = _start(CASES, tmp_path_factory.mktemp("user"))
+  yield started
+  _stop(started)
+
+
+@pytest.fixture(scope="module")
+def slow_checks(tmp_path_factory) -> Dict[str, Check]:
+  started = _start(SLOW_CASES, tmp_path_factory.mktemp("user"))
+  yield started
+  _stop(started)
 
 
 def line(lines: List[str], prefix: str) -> str:
@@ -321,8 +341,9 @@ def test_wrong_losses_fail_naming_build_losses(checks, case, task, message):
                         f"check_task | FAIL: {task}"]
 
 
-def test_the_shipped_digits_task_passes(checks):
-  code, lines, stderr = checks["digits"].result()
+@pytest.mark.slow
+def test_the_shipped_digits_task_passes(slow_checks):
+  code, lines, stderr = slow_checks["digits"].result()
   assert code == 0, stderr[-2000:]
   assert [text.split(":")[0] for text in lines[1:-1]] == [
       "PASS build_inputs", "PASS build_losses", "PASS input",
@@ -339,8 +360,9 @@ def test_validation_step_gets_the_eval_metrics_a_run_passes(checks):
                        "and 2 replicas and resumes exactly")
 
 
-def test_a_pipelined_task_is_checked_whole_and_says_so(checks):
-  code, lines, stderr = checks["pipeline"].result()
+@pytest.mark.slow
+def test_a_pipelined_task_is_checked_whole_and_says_so(slow_checks):
+  code, lines, stderr = slow_checks["pipeline"].result()
   assert code == 0, stderr[-2000:]
   assert lines[1] == (
       "SKIP pipeline: not checked; every check below runs the model whole, "
@@ -363,8 +385,10 @@ def test_several_models_name_the_one_averaged_per_replica(checks):
       "batch (use tf.nn.compute_average_loss on per-example losses)"), failure
 
 
-def test_several_models_averaged_per_replica_give_the_cause_once(checks):
-  code, lines, stderr = checks["two_models_averaging"].result()
+@pytest.mark.slow
+def test_several_models_averaged_per_replica_give_the_cause_once(
+    slow_checks):
+  code, lines, stderr = slow_checks["two_models_averaging"].result()
   assert code == 1, stderr[-2000:]
   failure = line(lines, "FAIL replicas: ")
   figures = replica_figures(failure)

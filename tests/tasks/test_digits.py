@@ -44,7 +44,9 @@ def test_digits_reaches_the_accuracy_bar(tmp_path):
 @pytest.mark.parametrize("runtime", [
     ['--gin_param=runtime.distribution_strategy="mirrored"',
      "--gin_param=runtime.num_cpu_devices=2"],
-    ["--gin_file=gin/runtime/cpu_mirrored.gin"],
+    # The shipped runtime file: the same strategy, bound by a file.
+    pytest.param(["--gin_file=gin/runtime/cpu_mirrored.gin"],
+                 marks=pytest.mark.slow),
 ])
 def test_digits_is_replica_invariant(tmp_path, runtime):
   # Over the first 10 steps only. This CNN's ReLUs make training

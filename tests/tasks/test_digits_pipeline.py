@@ -10,6 +10,7 @@ PIPELINE = "--gin_file=gin/digits_pipeline.gin"
 UNPIPELINED = ["--gin_param=pipeline.boundaries=None",
                "--gin_param=pipeline.num_microbatches=1"]
 
+@pytest.mark.slow
 def test_the_shipped_pipeline_trains_on_two_devices(tmp_path):
   run = helpers.run_cli(
       [PIPELINE, f"--model_dir={tmp_path / 'run'}",
