@@ -204,6 +204,7 @@ print("RESULT", json.dumps(found))
 """
 
 
+@pytest.mark.slow  # Two stages are in the default suite.
 def test_three_stages_train_to_the_unpipelined_weights(tmp_path):
   # Three stages need three devices: a process of its own, split in three.
   run = subprocess.run(

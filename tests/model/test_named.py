@@ -414,6 +414,7 @@ def test_clipping_is_bound_per_model(tmp_path):
   assert scalars["gradient_norm/discriminator"][-1][1] > 0.001  # Before.
 
 
+@pytest.mark.slow  # Micro-batches of one model: tests/model/test_gradients.py.
 def test_accumulated_micro_batches_give_one_large_batchs_update(tmp_path):
   # Plain SGD: two micro-batches of 16 must update every model as one batch
   # of 32 does, on one device and on 2 replicas (8 examples per micro-batch).
@@ -439,6 +440,7 @@ def test_accumulated_micro_batches_give_one_large_batchs_update(tmp_path):
     assert two[name][-1][1] == pytest.approx(one[name][-1][1], rel=1e-4), name
 
 
+@pytest.mark.slow  # float16 is emulated on CPU: ~25 s.
 def test_accumulation_keeps_each_optimizers_float16_loss_scale(tmp_path):
   _run(tmp_path, gradient_accumulation_steps=2, runtime=trainer.RuntimeConfig(
       seed=0, mixed_precision_dtype="float16"))
