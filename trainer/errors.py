@@ -56,11 +56,15 @@ class Preempted(Exception):
     is_chief: Whether this process is the one that requeues.
     asked: Whether the user asked for the stop (Ctrl-C, SIGINT): its line
       is then not reported as an error.
+    last: Whether `step` is the run's last: what a rerun has left to do is
+      the final evaluation, not training.
   """
 
   def __init__(self, step: int, exit_code: int, requeue: bool = False,
-               is_chief: bool = True, asked: bool = False):
+               is_chief: bool = True, asked: bool = False,
+               last: bool = False):
     self.step = step
+    self.last = last
     self.exit_code = exit_code
     self.requeue = requeue
     self.is_chief = is_chief
@@ -70,6 +74,11 @@ class Preempted(Exception):
   def line(self, requeued: Optional[str] = None) -> str:
     """The exit line; `requeued` says what became of the SLURM job, where
     the stop asked for a requeue."""
+    if requeued is None and self.last:
+      return (f"preempted at step {self.step}, the last: checkpoint saved; "
+              f"training is over, and only its final evaluation is left: run "
+              f"the same command again to make it (exit code "
+              f"{self.exit_code})")
     if requeued is None:
       return (f"preempted at step {self.step}: checkpoint saved; run the "
               f"same command again to resume (exit code {self.exit_code})")

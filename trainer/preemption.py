@@ -251,13 +251,15 @@ class PreemptionWatcher:
     """Whether this process got a signal."""
     return self._received is not None
 
-  def stopped(self, step: int, agreed: bool = False) -> errors.Preempted:
-    """The error to stop with after saving `step`: it asks for a requeue
-    where this process (or, `agreed`, any worker) got SIGUSR1."""
+  def stopped(self, step: int, agreed: bool = False,
+              last: bool = False) -> errors.Preempted:
+    """The error to stop with after saving `step` (`last`: the run's last
+    step): it asks for a requeue where this process (or, `agreed`, any
+    worker) got SIGUSR1."""
     requeue = self._requeue_agreed if agreed else self._requeue
     self.stopping = errors.Preempted(
         step, self.exit_code, requeue=requeue, is_chief=self.is_chief,
-        asked=self._first_received == signal.SIGINT)
+        asked=self._first_received == signal.SIGINT, last=last)
     return self.stopping
 
   def agreed(self, strategy: tf.distribute.Strategy) -> bool:

@@ -23,6 +23,7 @@ from matplotlib import pyplot as matplotlib_pyplot
 import optuna
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.plugins.hparams import api_pb2
 from tensorboard.plugins.hparams import metadata as hparams_metadata
 
 from trainer.sweeps import checks
@@ -286,9 +287,14 @@ FAKE_TRAIN = """
 import json, os, signal, sys, time
 model_dir, reached, evaluated, finish = sys.argv[1:5]
 def stop(*_):
-  print("train.py: error: preempted at step " + reached + ": checkpoint "
-        "saved; run the same command again to resume (exit code 42)",
-        flush=True)
+  if reached == "200":
+    print("train.py: error: preempted at step 200, the last: checkpoint "
+          "saved; training is over, and only its final evaluation is left: "
+          "run the same command again to make it (exit code 42)", flush=True)
+  else:
+    print("train.py: error: preempted at step " + reached + ": checkpoint "
+          "saved; run the same command again to resume (exit code 42)",
+          flush=True)
   os._exit(42)
 signal.signal(signal.SIGTERM, stop)
 for step in range(50, int(reached) + 1, 50):
@@ -307,7 +313,8 @@ print("train | finished at step 200", flush=True)
 
 @pytest.mark.parametrize(
     "reached, evaluated, finish, state, value, step, cause, sweep_line", [
-        # SIGTERM in the last loop: train.py's line offers a resume.
+        # SIGTERM in the last loop: train.py's line offers the final
+        # evaluation, which the sweep's line says will not come.
         ("200", "50,100,150", "0", "PRUNED", 0.4082, 200,
          "pruned at step 50, where its loss was 0.4082",
          "sweep | pruned at step 50, where its loss was 0.4082: the SIGTERM "
@@ -491,6 +498,31 @@ def test_hparams_experiment_and_sessions(tmp_path):
   assert session.group_name == "trial-0"
   assert session.hparams["optimizer.learning_rate"].number_value == 0.01
   assert session.hparams["model.dropout"].number_value == 0.25
+
+
+def test_an_integer_range_stays_integers_where_its_values_fit_an_axis(
+    tmp_path):
+  space = space_lib.parse_space(["model.layers=int(1, 8)",
+                                 "trainer.global_batch_size=int(16, 512)"])
+  hparams.write_experiment(str(tmp_path), space, "accuracy")
+  hparams.write_session(str(tmp_path / "trial-0"), "trial-0", space,
+                        {"model.layers": 3, "trainer.global_batch_size": 64})
+  infos = {info.name: info for info in read_experiment(
+      str(tmp_path)).hparam_infos}
+  # Eight values: listed as integers, in order, one category each.
+  assert infos["model.layers"].type == api_pb2.DATA_TYPE_STRING
+  assert [value.string_value for value in
+          infos["model.layers"].domain_discrete.values] == [
+              "1", "2", "3", "4", "5", "6", "7", "8"]
+  # 497 values: TensorBoard's one number type (it has no integer type).
+  assert infos["trainer.global_batch_size"].type == (
+      api_pb2.DATA_TYPE_FLOAT64)
+  assert (infos["trainer.global_batch_size"].domain_interval.min_value,
+          infos["trainer.global_batch_size"].domain_interval.max_value) == (
+              16, 512)
+  session = read_session(str(tmp_path / "trial-0"))
+  assert session.hparams["model.layers"].string_value == "3"
+  assert session.hparams["trainer.global_batch_size"].number_value == 64
 
 
 def _tensorboard_hparams(log_dir):

@@ -48,9 +48,23 @@ def _integers(dimension: space_lib.Dimension) -> bool:
       for value in values)
 
 
+# An integer range of at most this many values is listed like a choice of
+# integers; a wider one stays a number (TensorBoard's only number type, a
+# float) rather than hundreds of categories on an axis.
+LISTED_INTEGERS = 32
+
+
+def _listed_range(dimension: space_lib.Dimension) -> bool:
+  """Whether an `int(a, b)` range is written as its integers' text."""
+  return (dimension.kind == "int" and
+          int(dimension.high) - int(dimension.low) < LISTED_INTEGERS)
+
+
 def _value(dimension: space_lib.Dimension, value: Any) -> Any:
   if dimension.kind == "choice" and not _one_type(dimension):
     return value
+  if _listed_range(dimension):
+    return str(int(space_lib.plain_value(value)))
   if _integers(dimension):
     # TensorBoard has one number type, a float the dashboard prints as
     # `32.000`: a choice of integers is written as its gin text, which it
@@ -69,6 +83,9 @@ class _Listed(hp.Discrete):
 
 
 def _domain(dimension: space_lib.Dimension) -> hp.Domain:
+  if _listed_range(dimension):
+    return _Listed([str(value) for value in
+                    range(int(dimension.low), int(dimension.high) + 1)])
   if dimension.kind == "int":
     return hp.IntInterval(int(dimension.low), int(dimension.high))
   if dimension.kind != "choice":

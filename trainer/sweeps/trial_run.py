@@ -253,7 +253,7 @@ class TrialProcess:
                             stopped, late)
     if outcome.state == PRUNED and total == outcome.step:
       # The SIGTERM came in the run's last loop: train.py's line above
-      # offers a resume, which only the final evaluation would be.
+      # offers its final evaluation, which a pruned trial does not get.
       with open(log_path, "a") as log:
         log.write(f"sweep | {outcome.cause}: the SIGTERM was the "
                   "pruner's; the trial is over.\n")

@@ -276,6 +276,40 @@ def test_a_signal_saves_the_step_reached_and_ends_without_end(tmp_path):
   assert watcher.progress() == (15, 15)
 
 
+def test_a_signal_in_the_last_loop_says_only_the_evaluation_is_left(
+    tmp_path):
+  events = []
+  loop = _Loop(events)
+  watcher = preemption.PreemptionWatcher(exit_code=42)
+
+  class SignalInLastLoop(loop_hooks.LoopHook):
+
+    def after_loop(self, step, result):
+      if step == 10:
+        watcher.defer(signal.SIGTERM)  # A sweep's pruner, say.
+
+  controller = controller_lib.Controller(
+      trainer=loop, evaluator=_Evaluator(events, loop.step),
+      global_step=loop.step, strategy=tf.distribute.get_strategy(),
+      steps_per_loop=5, hooks=[_Recording(events), SignalInLastLoop()],
+      checkpoint_manager=_Manager(events, loop.step, str(tmp_path)),
+      preemption=watcher)
+  with pytest.raises(trainer.Preempted) as raised:
+    controller.train_and_evaluate(train_steps=10, eval_steps=1,
+                                  eval_interval=5)
+  assert (raised.value.step, raised.value.last) == (10, True)
+  assert raised.value.line() == (
+      "preempted at step 10, the last: checkpoint saved; training is over, "
+      "and only its final evaluation is left: run the same command again "
+      "to make it (exit code 42)")
+  # Stopped midway, it is the resume line as before.
+  midway = preemption.PreemptionWatcher(exit_code=42)
+  midway.defer(signal.SIGTERM)
+  assert midway.stopped(5).line() == (
+      "preempted at step 5: checkpoint saved; run the same command again "
+      "to resume (exit code 42)")
+
+
 def test_a_signal_during_end_still_saves_the_final_step(tmp_path):
   events = []
   loop = _Loop(events)

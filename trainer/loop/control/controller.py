@@ -185,6 +185,7 @@ class Controller(orbit.Controller):
         self._guard, options.checkpoint_interval, options.restore_dir,
         lambda: self.checkpoint_manager)
     self._warned_past = False
+    self._last_step: Optional[int] = None  # train_and_evaluate's.
     self._constructed = False
     super().__init__(
         global_step=global_step, trainer=trainer, evaluator=evaluator,
@@ -361,6 +362,7 @@ class Controller(orbit.Controller):
     self._require("evaluator", for_method="train_and_evaluate")
     self._step = int(self.global_step.numpy())
     self._warn_if_past(train_steps)
+    self._last_step = train_steps
     output = None
     final = False
     with self._saving_on_signal():
@@ -402,7 +404,7 @@ class Controller(orbit.Controller):
     if self._preemption.received and not self._preemption.is_armed:
       # The signal came after the last check, and training is over: its
       # final checkpoint is saved.
-      raise self._preemption.stopped(self._step)
+      raise self._preemption.stopped(self._step, last=self._at_last_step())
 
   def _check_preemption(self) -> None:
     """Saves and stops if any worker got a signal; every worker calls it at
@@ -414,7 +416,12 @@ class Controller(orbit.Controller):
     if self._preemption is not None and self._preemption.agreed(
         self.strategy):
       self._maybe_save_checkpoint(check_interval=False)
-      raise self._preemption.stopped(self._step, agreed=True)
+      raise self._preemption.stopped(self._step, agreed=True,
+                                     last=self._at_last_step())
+
+  def _at_last_step(self) -> bool:
+    """Whether `train_and_evaluate` has trained its last step."""
+    return self._last_step is not None and self._step >= self._last_step
 
   def _stop_early(self) -> bool:
     """Whether a hook says to stop (the first that gives a reason); logs the

@@ -46,6 +46,7 @@ class Watcher(Protocol):
     """Whether any worker got a signal; every worker calls it at the same
     points, so that all stop after the same loop."""
 
-  def stopped(self, step: int, agreed: bool = False) -> errors.Preempted:
+  def stopped(self, step: int, agreed: bool = False,
+              last: bool = False) -> errors.Preempted:
     """The error to stop with after saving `step` (`agreed`: after
-    `agreed` said so)."""
+    `agreed` said so; `last`: the run's last step)."""
