@@ -2,6 +2,7 @@
 example's source carried with it, the position resumed exactly."""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -271,3 +272,160 @@ def test_a_mixture_on_two_replicas_with_micro_batches_trains_as_on_one(
   # is the same to float rounding.
   assert helpers.max_weight_difference(one, two) < 1e-5
   assert len(scalars["mixture/clean"]) == 2
+
+
+# Real train.py processes: a SIGKILL resume, the input positions, bad input.
+
+_TASK_MODULE = '''
+import gin
+import helpers
+gin.external_configurable(helpers.MixedRegression, "MixedRegression")
+'''
+
+_GIN = '''
+import mixed_task
+experiment.task = @MixedRegression()
+trainer.mixture = {"clean": 0.7, "shifted": 0.3}
+trainer.global_batch_size = 32
+trainer.steps_per_loop = 10
+trainer.summary_interval = 10
+trainer.checkpoint_interval = 20
+runtime.deterministic = True
+'''
+
+
+@pytest.fixture
+def mixed_cli(tmp_path):
+  """A folder with the mixed task's module and gin file; returns a function
+  that starts `train.py` there with `args`."""
+  import helpers  # pylint: disable=g-import-not-at-top
+  (tmp_path / "mixed_task.py").write_text(_TASK_MODULE)
+  (tmp_path / "mixed.gin").write_text(_GIN)
+  tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {"PYTHONPATH": tests_dir}
+
+  def start(model_dir, steps, *params):
+    return helpers.TrainProcess(
+        ["--gin_file=mixed.gin", "--mode=train", f"--model_dir={model_dir}",
+         f"--gin_param=trainer.train_steps={steps}",
+         *[f"--gin_param={param}" for param in params]],
+        env=env, cwd=str(tmp_path))
+
+  return start
+
+
+def _next_batches(model_dir, count=3):
+  """The next `count` batches of the mixture whose iterator the newest
+  checkpoint in `model_dir` holds, as the run built it."""
+  from trainer.storage import checkpoints  # pylint: disable=g-import-not-at-top
+  import helpers  # pylint: disable=g-import-not-at-top
+  task = helpers.MixedRegression()
+  data = inputs.DistributedInput(
+      tf.distribute.get_strategy(),
+      lambda context: task.build_inputs(True, context), 32, training=True,
+      mixture=mixture.Mixture({"clean": 0.7, "shifted": 0.3}, seed=0))
+  iterator = iter(data.dataset)
+  tf.train.Checkpoint(**{checkpoints.INPUT_POSITION: iterator}).restore(
+      tf.train.latest_checkpoint(
+          str(model_dir))).assert_existing_objects_matched().expect_partial()
+  return [tf.nest.map_structure(lambda t: t.numpy(), next(iterator))
+          for _ in range(count)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_mixture_killed_and_resumed_ends_as_one_never_interrupted(
+    mixed_cli, tmp_path, seed):
+  import helpers  # pylint: disable=g-import-not-at-top
+  import random  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  killed_dir, straight_dir = tmp_path / "killed", tmp_path / "straight"
+  killed = mixed_cli(killed_dir, 100000)
+  try:
+    killed.wait_for(r"saved checkpoint .*ckpt-20$", timeout=120)
+    time.sleep(random.Random(seed).uniform(0.0, 1.0))
+    killed.process.kill()
+  finally:
+    killed.close()
+  saved = helpers.checkpoint_step(str(killed_dir))
+  assert saved >= 20
+  final = saved + 40
+  resumed = mixed_cli(killed_dir, final)
+  assert resumed.finish() == 0, resumed.stderr[-2000:]
+  assert f"restored checkpoint {killed_dir}/ckpt-{saved}" in resumed.output
+  straight = mixed_cli(straight_dir, final)
+  assert straight.finish() == 0, straight.stderr[-2000:]
+  ours = helpers.checkpoint_numbers(str(killed_dir))
+  reference = helpers.checkpoint_numbers(str(straight_dir))
+  assert sorted(ours) == sorted(reference)
+  for name in reference:
+    if name != "save_counter/.ATTRIBUTES/VARIABLE_VALUE":
+      np.testing.assert_array_equal(ours[name], reference[name], err_msg=name)
+  # The sampling position too: the next batches, sources included.
+  for got, want in zip(_next_batches(killed_dir),
+                       _next_batches(straight_dir)):
+    tf.nest.map_structure(np.testing.assert_array_equal, got, want)
+
+
+@pytest.mark.slow
+def test_skip_and_restart_find_their_place_in_a_mixture(mixed_cli, tmp_path):
+  import helpers  # pylint: disable=g-import-not-at-top
+  straight = mixed_cli(tmp_path / "straight", 60)
+  assert straight.finish() == 0, straight.stderr[-2000:]
+  reference = helpers.checkpoint_weights(str(tmp_path / "straight"))
+  for position in ("skip", "restart"):
+    model_dir = tmp_path / position
+    param = f'trainer.input_position="{position}"'
+    first = mixed_cli(model_dir, 20, param)
+    assert first.finish() == 0, first.stderr[-2000:]
+    resumed = mixed_cli(model_dir, 60, param)
+    assert resumed.finish() == 0, resumed.stderr[-2000:]
+    difference = helpers.max_weight_difference(
+        helpers.checkpoint_weights(str(model_dir)), reference)
+    if position == "skip":  # 20 batches read again and thrown away: exact.
+      assert difference == 0.0
+    else:  # The mixture started over at step 20: other batches.
+      assert difference > 1e-4
+
+
+_BAD = [
+    ("a rate for a source not returned",
+     ['trainer.mixture={"clean": 0.7, "shifted": 0.2, "extra": 0.1}'],
+     "`trainer.mixture` gives a rate to 'extra', which "
+     "MixedRegression.build_inputs(training=True) does not return (it "
+     "returns: clean, shifted)."),
+    ("a source without a rate", ['trainer.mixture={"clean": 1.0}'],
+     "MixedRegression.build_inputs(training=True) returns 'shifted', which "
+     "has no rate in `trainer.mixture` (it gives: clean); give every source "
+     "a rate (0 leaves one out)."),
+    ("a negative rate", ['trainer.mixture={"clean": 1.0, "shifted": -1.0}'],
+     "`trainer.mixture` gives 'shifted' the rate -1.0: a rate must be a "
+     "number >= 0 (0 leaves the source out)."),
+    ("rates summing to 0", ['trainer.mixture={"clean": 0, "shifted": 0}'],
+     "`trainer.mixture` rates sum to 0: give at least one source a positive "
+     "rate."),
+    ("no rates", ["trainer.mixture=None"],
+     "MixedRegression.build_inputs(training=True) returns several datasets "
+     "(clean, shifted) but no rates: give them in `trainer.mixture` (e.g. "
+     '`trainer.mixture = {"name": 0.5, ...}`) or '
+     "`MixedRegression.mixture_rates`."),
+    ("an unknown exhaustion", ['trainer.mixture_exhausted="stop"'],
+     "`trainer.mixture_exhausted`"),
+]
+
+
+@pytest.mark.parametrize(
+    "name,params,message",
+    [pytest.param(*row, marks=() if row[0] == "a source without a rate"
+                  else pytest.mark.slow) for row in _BAD],
+    ids=[row[0] for row in _BAD])
+def test_bad_mixture_input_is_one_line_exit_2_and_writes_nothing(
+    mixed_cli, tmp_path, name, params, message):
+  del name  # The test id.
+  model_dir = tmp_path / "run"
+  finished = mixed_cli(model_dir, 20, *params)
+  assert finished.finish() == 2, finished.stderr[-2000:]
+  lines = finished.stderr.strip().splitlines()
+  assert lines[-1].startswith("train.py: error: "), lines[-3:]
+  assert message in lines[-1]
+  assert not model_dir.exists() or not os.listdir(model_dir)
