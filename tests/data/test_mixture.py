@@ -115,6 +115,26 @@ def test_end_stops_the_mixture_s_epoch_at_the_first_source_run_out():
   assert data.dataset.take(20).reduce(0, lambda n, _: n + 1).numpy() == 20
 
 
+@pytest.mark.parametrize("policy", ["DYNAMIC", "OFF"])
+def test_a_mixture_read_through_the_tf_data_service_keeps_its_sources(policy):
+  service = tf.data.experimental.service
+  dispatcher = service.DispatchServer()
+  worker = service.WorkerServer(service.WorkerConfig(
+      dispatcher_address=dispatcher.target.split("://")[1]))
+  mixed = mixture.Mixture({"clean": 0.7, "noisy": 0.3}).mix(
+      _sources(), "Mixed").batch(100)
+  remote = mixed.apply(service.distribute(
+      processing_mode=getattr(service.ShardingPolicy, policy),
+      service=dispatcher.target))
+  examples, sources = zip(*[(b.numpy(), i.numpy()) for b, i in
+                            remote.take(20)])
+  examples, sources = np.concatenate(examples), np.concatenate(sources)
+  np.testing.assert_array_equal(sources, (examples < 0).astype(np.int32))
+  # 2,000 examples: 4 sigma of 0.3 is 0.041.
+  assert abs(np.mean(sources) - 0.3) < 0.041
+  del worker
+
+
 def test_a_zero_rate_leaves_a_source_out():
   data = _input({"clean": 0.0, "noisy": 1.0})
   _, index = next(iter(data.dataset))
