@@ -222,6 +222,7 @@ class _Task:
 class _Config:
   def __init__(self, rates=None, exhausted="repeat"):
     self.mixture, self.mixture_exhausted = rates, exhausted
+    self.mixture_schedule = None
 
 
 class _Runtime:
@@ -449,3 +450,60 @@ def test_bad_mixture_input_is_one_line_exit_2_and_writes_nothing(
   assert lines[-1].startswith("train.py: error: "), lines[-3:]
   assert message in lines[-1]
   assert not model_dir.exists() or not os.listdir(model_dir)
+
+
+def test_a_schedule_moves_the_shares_linearly_between_its_steps():
+  # A step reads 1,024 examples: one block of draws a step.
+  scheduled = mixture.Mixture(
+      {"clean": 1.0, "noisy": 0.0}, examples_per_step=1024,
+      schedule={0: {"clean": 1.0, "noisy": 0.0},
+                10: {"clean": 1.0, "noisy": 0.0},
+                30: {"clean": 0.0, "noisy": 2.0}})
+  _, sources = zip(*scheduled.mix(_sources(), "Mixed").batch(1024).take(40))
+  noisy = [float(np.mean(step.numpy())) for step in sources]
+  assert noisy[:11] == [0.0] * 11 and noisy[30:] == [1.0] * 10
+  # Half way, at step 20: 0.5 (4 sigma of 1,024 draws: 0.0625).
+  assert abs(noisy[20] - 0.5) < 0.0625
+  assert noisy[15] < noisy[20] < noisy[25]
+  assert scheduled.describe() == (
+      "mixture | clean 1 -> 1 -> 0, noisy 0 -> 0 -> 1 at steps 0, 10, 30 "
+      "(from `trainer.mixture_schedule`; a source that runs out starts over)")
+
+
+@pytest.mark.parametrize("schedule,message", [
+    ({5: {"a": 1.0}},
+     "`trainer.mixture_schedule` must give the rates at step 0 (it starts "
+     "at step 5)."),
+    ({0: {"a": 1.0}, -1: {"a": 1.0}},
+     "`trainer.mixture_schedule` has the step -1: steps must be integers "
+     ">= 0."),
+    ({0: {"a": 1.0, "b": 0.0}, 10: {"a": 1.0}},
+     "`trainer.mixture_schedule[10]` names a; step 0 names a, b: every step "
+     "gives every source a rate."),
+    ({0: {"a": 0.0}},
+     "`trainer.mixture_schedule[0]` rates sum to 0: give at least one source "
+     "a positive rate."),
+])
+def test_bad_schedules_are_one_line(schedule, message):
+  with pytest.raises(errors.ConfigError) as raised:
+    mixture.check_schedule(schedule)
+  assert str(raised.value) == message
+
+
+def test_a_schedule_is_checked_with_the_configuration():
+  import trainer  # pylint: disable=g-import-not-at-top
+  with pytest.raises(errors.ConfigError) as raised:
+    trainer.TrainerConfig(mixture={"a": 1.0},
+                          mixture_schedule={0: {"a": 1.0}})
+  # (gin adds the configurable's name on a line of its own.)
+  assert str(raised.value).splitlines()[0] == (
+      "give `trainer.mixture` or `trainer.mixture_schedule`, not both.")
+  with pytest.raises(errors.ConfigError) as raised:
+    trainer.TrainerConfig(mixture={"a": -1})
+  assert str(raised.value).startswith("`trainer.mixture` gives 'a' the rate")
+  with pytest.raises(errors.ConfigError) as raised:
+    mixture.Mixture({"a": 1.0}, exhausted="end", schedule={0: {"a": 1.0}})
+  assert str(raised.value) == (
+      '`trainer.mixture_schedule` needs `trainer.mixture_exhausted = '
+      '"repeat"`: with "end" every epoch of the mixture would start its '
+      'schedule over.')

@@ -433,7 +433,10 @@ def for_task(task: task_lib.Task, training: bool,
       deterministic=runtime.dataset_deterministic,
       remote=(functools.partial(data_service.distribute, runtime=runtime)
               if training and runtime.data_service else None),
-      mixture=mixture_lib.for_task(task, config, runtime) if training else None,
+      mixture=(mixture_lib.for_task(
+          task, config, runtime,
+          examples_per_step=config.global_batch_size // worker.num_workers)
+               if training else None),
       task_name=type(task).__name__)
 
 

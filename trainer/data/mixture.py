@@ -78,15 +78,29 @@ class Mixture:
       error messages.
     exhausted: What a finite source that runs out does (`EXHAUSTION`).
     seed: Seeds the sampler (`runtime.seed`, 0 where unset).
+    schedule: Rates over steps: step -> the rates from that step on,
+      interpolated linearly between two steps (`check_schedule`); `rates`
+      are then the first step's. None: `rates` hold throughout.
+    examples_per_step: The examples a step reads from this input pipeline
+      (its share of the global batch), which a schedule's steps count in.
   """
   rates: Dict[str, float]
   where: str = "trainer.mixture"
   exhausted: str = "repeat"
   seed: int = 0
+  schedule: Optional[Dict[int, Dict[str, float]]] = None
+  examples_per_step: int = 1
 
   def __post_init__(self):
     object.__setattr__(self, "rates", check_rates(self.rates, self.where))
     checks.choice("trainer.mixture_exhausted", self.exhausted, EXHAUSTION)
+    if self.schedule is not None:
+      object.__setattr__(self, "schedule", check_schedule(self.schedule))
+      checks.require(
+          self.exhausted == "repeat",
+          "`trainer.mixture_schedule` needs `trainer.mixture_exhausted = "
+          '"repeat"`: with "end" every epoch of the mixture would start its '
+          "schedule over.")
 
   @property
   def names(self) -> Tuple[str, ...]:
@@ -106,6 +120,15 @@ class Mixture:
                        for name, share in self.shares.items())
     ends = ("a source that runs out starts over" if self.exhausted == "repeat"
             else "the mixture starts over when a source runs out")
+    if self.schedule is not None:
+      steps = list(self.schedule)
+      shares = ", ".join(
+          f"{name} " + " -> ".join(f"{rates[name] / sum(rates.values()):.3g}"
+                                   for rates in self.schedule.values())
+          for name in self.names)
+      return (f"mixture | {shares} at steps "
+              f"{', '.join(map(str, steps))} (from "
+              f"`trainer.mixture_schedule`; {ends})")
     return f"mixture | {shares} (from `{self.where}`; {ends})"
 
   def tags(self) -> Dict[str, str]:
@@ -185,17 +208,76 @@ class Mixture:
     each example with its own ops: its pipeline ran at a tenth of the speed
     of one dataset's here, measured; so did a `map` per example.)
     """
-    logits = tf.math.log(tf.constant([list(self.rates.values())],
-                                     tf.float32))
     seed, block = self.seed, _BLOCK
+    logits_at = self._logits_at()
 
     def draw(index):
       return tf.random.stateless_categorical(
-          logits, block, seed=tf.stack([tf.constant(seed, tf.int64),
-                                        pipeline_id * (2**32) + index]),
-          dtype=dtype)[0]
+          logits_at(index), block,
+          seed=tf.stack([tf.constant(seed, tf.int64),
+                         pipeline_id * (2**32) + index]), dtype=dtype)[0]
 
     return tf.data.Dataset.counter().map(draw).unbatch()
+
+
+  def _logits_at(self):
+    """Returns `block index -> logits [1, sources]` of the rates there: the
+    rates, or the schedule's at the step the block starts in."""
+    if self.schedule is None:
+      logits = tf.math.log(tf.constant([list(self.rates.values())],
+                                       tf.float32))
+      return lambda index: logits
+    steps = tf.constant(list(self.schedule), tf.float64)
+    shares = tf.constant(
+        [[rates[name] / sum(rates.values()) for name in self.names]
+         for rates in self.schedule.values()], tf.float64)
+    last = len(self.schedule) - 1
+    per_step = self.examples_per_step
+
+    def logits_at(index):
+      step = tf.cast(index * _BLOCK // per_step, tf.float64)
+      after = tf.searchsorted(steps, step[None], side="right")[0]
+      low = tf.clip_by_value(after - 1, 0, last)
+      high = tf.clip_by_value(after, 0, last)
+      span = tf.gather(steps, high) - tf.gather(steps, low)
+      weight = tf.where(span > 0, (step - tf.gather(steps, low)) /
+                        tf.maximum(span, 1.0), 0.0)
+      now = (tf.gather(shares, low) * (1.0 - weight) +
+             tf.gather(shares, high) * weight)
+      return tf.math.log(tf.cast(now, tf.float32))[None]
+
+    return logits_at
+
+
+def check_schedule(schedule) -> Dict[int, Dict[str, float]]:
+  """Returns `trainer.mixture_schedule` checked, its steps in order.
+
+  Raises:
+    errors.ConfigError: For steps that are not integers >= 0 or lack 0,
+      rates that `check_rates` refuses, or steps naming other sources.
+  """
+  where = "trainer.mixture_schedule"
+  checks.require(
+      isinstance(schedule, Mapping) and bool(schedule),
+      f"`{where}` ({schedule!r}) must map steps to the rates from there on, "
+      'e.g. {0: {"clean": 1.0, "noisy": 0.0}, 1000: {"clean": 0.7, '
+      '"noisy": 0.3}}.')
+  for step in schedule:
+    checks.require(checks.is_int(step) and step >= 0,
+                   f"`{where}` has the step {step!r}: steps must be integers "
+                   ">= 0.")
+  checks.require(0 in schedule,
+                 f"`{where}` must give the rates at step 0 (it starts at "
+                 f"step {min(schedule)}).")
+  checked = {step: check_rates(schedule[step], f"{where}[{step}]")
+             for step in sorted(schedule)}
+  names = set(checked[0])
+  for step, rates in checked.items():
+    checks.require(
+        set(rates) == names,
+        f"`{where}[{step}]` names {', '.join(sorted(rates))}; step 0 names "
+        f"{', '.join(sorted(names))}: every step gives every source a rate.")
+  return checked
 
 
 def _same_structure(a, b) -> bool:
@@ -210,16 +292,25 @@ def _same_structure(a, b) -> bool:
              for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b)))
 
 
-def for_task(task, config, runtime) -> Optional[Mixture]:
-  """The Task's training mixture: `trainer.mixture`, else the Task's
-  `mixture_rates()`; None where neither gives rates.
+def for_task(task, config, runtime, examples_per_step: int = 1
+             ) -> Optional[Mixture]:
+  """The Task's training mixture: `trainer.mixture_schedule`, else
+  `trainer.mixture`, else the Task's `mixture_rates()`; None where none
+  gives rates.
 
   Args:
     task: May define `mixture_rates()`.
-    config: A `trainer.TrainerConfig` (`mixture`, `mixture_exhausted`).
+    config: A `trainer.TrainerConfig` (`mixture`, `mixture_schedule`,
+      `mixture_exhausted`).
     runtime: A `trainer.RuntimeConfig` (`seed`).
+    examples_per_step: What a step reads from one input pipeline.
   """
   rates, where = config.mixture, "trainer.mixture"
+  schedule = config.mixture_schedule
+  if schedule is not None:
+    return Mixture(schedule[0], where="trainer.mixture_schedule[0]",
+                   exhausted=config.mixture_exhausted, seed=runtime.seed or 0,
+                   schedule=schedule, examples_per_step=examples_per_step)
   if rates is None:
     rates = task.mixture_rates()
     where = f"{type(task).__name__}.mixture_rates"
