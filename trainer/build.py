@@ -227,7 +227,7 @@ def parts(task: task_lib.Task, mode: str, setup: Process,
   train_input, eval_input = inputs_lib.for_mode(
       task, strategy, config, runtime, worker, training, evaluating)
   built_state = state(task, setup,
-                      (train_input or eval_input).dataset.element_spec,
+                      (train_input or eval_input).element_spec,
                       config, training=training, replica_factor=replica_factor)
   _report_placement(built_state, runtime)
   if (config.export.at_end or config.export.best or
