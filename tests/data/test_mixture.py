@@ -239,7 +239,7 @@ def test_trainer_mixture_wins_over_the_task_s_rates():
   assert (configured.rates, configured.where) == ({"b": 2.0},
                                                   "trainer.mixture")
   assert configured.describe() == (
-      "mixture | b 1 (from `trainer.mixture`; a source that runs out starts "
+      "b 1 (from `trainer.mixture`; a source that runs out starts "
       "over)")
   with pytest.raises(errors.ConfigError,
                      match=r"^`_Task.mixture_rates` rates sum to 0"):
@@ -466,7 +466,7 @@ def test_a_schedule_moves_the_shares_linearly_between_its_steps():
   assert abs(noisy[20] - 0.5) < 0.0625
   assert noisy[15] < noisy[20] < noisy[25]
   assert scheduled.describe() == (
-      "mixture | clean 1 -> 1 -> 0, noisy 0 -> 0 -> 1 at steps 0, 10, 30 "
+      "clean 1 -> 1 -> 0, noisy 0 -> 0 -> 1 at steps 0, 10, 30 "
       "(from `trainer.mixture_schedule`; a source that runs out starts over)")
 
 

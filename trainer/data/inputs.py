@@ -464,7 +464,7 @@ def for_mode(task: task_lib.Task, strategy: tf.distribute.Strategy, config,
     if runtime.data_service:
       console.info(data_service.describe(runtime))
     if train_input.mixture is not None:
-      console.info(train_input.mixture.describe())
+      console.info(f"mixture | {train_input.mixture.describe()}")
   if evaluating or config.export.at_end:
     eval_input = for_task(task, False, strategy, config, runtime, worker)
     if evaluating:  # -1 (UNKNOWN) or -2 (INFINITE): checked as it runs.

@@ -115,7 +115,8 @@ class Mixture:
     return {name: rate / total for name, rate in self.rates.items()}
 
   def describe(self) -> str:
-    """One line: the sources and their shares, and what exhaustion does."""
+    """The sources and their shares, and what exhaustion does (the text of
+    the `mixture |` line)."""
     shares = ", ".join(f"{name} {share:.3g}"
                        for name, share in self.shares.items())
     ends = ("a source that runs out starts over" if self.exhausted == "repeat"
@@ -126,10 +127,10 @@ class Mixture:
           f"{name} " + " -> ".join(f"{rates[name] / sum(rates.values()):.3g}"
                                    for rates in self.schedule.values())
           for name in self.names)
-      return (f"mixture | {shares} at steps "
+      return (f"{shares} at steps "
               f"{', '.join(map(str, steps))} (from "
               f"`trainer.mixture_schedule`; {ends})")
-    return f"mixture | {shares} (from `{self.where}`; {ends})"
+    return f"{shares} (from `{self.where}`; {ends})"
 
   def tags(self) -> Dict[str, str]:
     """Source name -> the train summary tag of its share."""
