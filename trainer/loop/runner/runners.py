@@ -45,8 +45,9 @@ class LoopStatus:
   """What a training loop reports to the host.
 
   Attributes:
-    loss: The mean loss of the loop's steps; None where the runner has none
-      (a plain Orbit runner whose output has no `loss`).
+    loss: The mean loss of the loop's steps (not finite where a step's
+      was); None where the runner has none (a plain Orbit runner whose
+      output has no `loss`).
     nonfinite_step: The step whose loss was not finite (the loop stopped
       after it), or -1.
     learning_rate: The learning rate after the loop if it follows a

@@ -11,7 +11,9 @@ loop variable (`step_sums` gives a step's share) and writes them back once
 (`value`, `assign`): a variable update per step is an op and a resource
 lock a bare loop does not pay. The additions are the same, in the same
 order, as `add` makes one step at a time, so the means are bit for bit the
-same.
+same. (A loop that fails part-way, where the tf.data service lost the job
+and `job_retry` goes on with a new one, leaves its steps before the failure
+out of the window: the summaries average the steps after it.)
 """
 
 from typing import Callable, ContextManager, Dict, List, Optional, Tuple
