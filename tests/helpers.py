@@ -217,6 +217,31 @@ def executed_ops(dump_dir: str) -> Dict[tuple, int]:
   return counts
 
 
+def while_body_ops(function) -> collections.Counter:
+  """Op type -> count in the body of the one `tf.while_loop` of a traced
+  `function` (a `ConcreteFunction`), the function calls inside it (a
+  replica step, a Keras layer) expanded: what the loop runs every step."""
+  graph_def = function.graph.as_graph_def()
+  library = {f.signature.name: f for f in graph_def.library.function}
+
+  def count(nodes, counts):
+    for node in nodes:
+      called = node.op if node.op in library else next(
+          (node.attr[key].func.name for key in ("f",)
+           if key in node.attr and node.attr[key].func.name in library),
+          None)
+      if called:
+        count(library[called].node_def, counts)
+      else:
+        counts[node.op] += 1
+    return counts
+
+  (loop,) = [node for node in graph_def.node
+             if node.op in ("While", "StatelessWhile")]
+  return count(library[loop.attr["body"].func.name].node_def,
+               collections.Counter())
+
+
 def snapshot(directory: str) -> Dict[str, bytes]:
   """Returns {relative path: content} for every file under `directory`."""
   files = {}

@@ -1,6 +1,7 @@
 """`TaskTrainer`: eager execution, XLA, the stateful random ops check, and
 the global step's count inside a loop."""
 
+import collections
 import threading
 import time
 
@@ -13,7 +14,9 @@ import tf_keras
 import trainer
 from trainer import experiment
 from trainer.data import inputs as inputs_lib
+from trainer.loop.runner import replica_step
 from trainer.loop.runner import runners
+from trainer.model import gradients
 
 import helpers
 
@@ -151,3 +154,83 @@ def test_a_step_is_counted_once_its_batch_has_come_and_while_a_loop_runs():
   gate.set()
   loop.join(60)
   assert (blocked_at, int(global_step.numpy())) == (3, 10)
+
+
+def _loop_and_bare_body_ops():
+  """The ops a step of the runner's compiled loop runs, and those of a bare
+  loop (`for _ in tf.range(n): strategy.run(step, ...)`, as
+  scripts/benchmark.py's `bare`) over the same per-replica step."""
+  task, strategy = helpers.LinearRegression(), tf.distribute.get_strategy()
+  train_input = inputs_lib.DistributedInput(
+      strategy, lambda ctx: task.build_inputs(True).repeat(), 16,
+      training=True)
+  model = task.build_model()
+  optimizer = tf_keras.optimizers.SGD(0.01)
+  task_trainer = runners.TaskTrainer(task, model, optimizer, strategy,
+                                     train_input,
+                                     orbit.utils.create_global_step())
+  task_trainer.train(tf.constant(4))
+  step = replica_step.build(
+      task, model, optimizer, task_trainer.metrics, gradients.StepOptions(),
+      per_replica_batch_size=16, num_replicas=1, enable_xla=False)
+
+  @tf.function
+  def bare(iterator, num_steps):
+    for _ in tf.range(num_steps):
+      strategy.run(step, args=(next(iterator),))
+
+  iterator = iter(train_input.dataset)
+  bare(iterator, tf.constant(4))
+  return (helpers.while_body_ops(task_trainer.traced_loop()),
+          helpers.while_body_ops(bare.get_concrete_function(
+              iterator, tf.TensorSpec([], tf.int32))))
+
+
+def test_a_step_of_the_loop_runs_only_the_ops_every_step_needs():
+  # What the runner's loop adds to a bare loop's step, op for op: the input
+  # wait's two timestamps, the step's row of the summary window's sums (its
+  # loss, count, gradient norm and whether that is finite, the wait), the
+  # global step, the guard's finite check in the loop's condition. Not in
+  # a step: a branch (`If`: a `break` makes one, with its loop variables),
+  # a write to the window's variable (it is carried and written once a
+  # loop). Anything new here costs every step of every run: measure it
+  # (scripts/benchmark.py at steps_per_loop=100) before pinning it.
+  ours, bare = _loop_and_bare_body_ops()
+  added = ours - bare
+  assert not {"If", "StatelessIf", "Case"} & set(ours)
+  assert added == collections.Counter({
+      "Timestamp": 2, "Sub": 1,  # The input wait.
+      "Cast": 3, "IsFinite": 1, "SelectV2": 1, "Pack": 1, "AddV2": 1,
+      "Const": 5, "Identity": 2,  # The window's row, added to the carried.
+      "AssignAddVariableOp": 1,  # The global step.
+  }) + collections.Counter({"IsFinite": 1}), added  # The guard's.
+  assert not bare - ours
+
+
+def test_the_loop_carries_the_windows_sums_to_the_same_bits_as_each_step():
+  # The compiled loop adds its steps to the window once a loop; the train
+  # summaries must read what adding each step to the window's variable
+  # gives (the parameter-server loop still does), bit for bit.
+  task, strategy = helpers.LinearRegression(), tf.distribute.get_strategy()
+
+  def build():
+    tf_keras.utils.set_random_seed(0)
+    train_input = inputs_lib.DistributedInput(
+        strategy, lambda ctx: task.build_inputs(True).repeat(), 16,
+        training=True)
+    return runners.TaskTrainer(task, task.build_model(),
+                               tf_keras.optimizers.SGD(0.01), strategy,
+                               train_input, orbit.utils.create_global_step())
+
+  looped, stepped = build(), build()
+  for num_steps in (3, 1, 4, 2):  # 10 steps in the window.
+    looped.train(tf.constant(num_steps))
+  step = tf.function(stepped.train_step)
+  for _ in range(10):
+    step(stepped.train_iterator)
+  read = [runner.read_and_reset_metrics() for runner in (looped, stepped)]
+  for results in read:
+    assert results.pop("input_wait_seconds") >= 0.0
+  assert read[0] == read[1] and set(read[0]) == {
+      "loss", "gradient_norm", "mae", "learning_rate"}
+  assert looped.global_step.numpy() == stepped.global_step.numpy() == 10

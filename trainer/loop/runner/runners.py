@@ -45,8 +45,9 @@ class LoopStatus:
   """What a training loop reports to the host.
 
   Attributes:
-    loss: The mean loss of the loop's steps; None where the runner has none
-      (a plain Orbit runner whose output has no `loss`).
+    loss: The mean loss of the loop's steps (not finite where a step's
+      was); None where the runner has none (a plain Orbit runner whose
+      output has no `loss`).
     nonfinite_step: The step whose loss was not finite (the loop stopped
       after it), or -1.
     learning_rate: The learning rate after the loop if it follows a
@@ -296,29 +297,39 @@ class TaskTrainer(orbit.StandardTrainer):
     """
 
     def loop(iterator, num_steps, check_first_step=False):
-      total = tf.constant(0.0)
-      done = tf.constant(0.0)
-      nonfinite_step = tf.constant(-1, tf.int64)
+      # The window's sums are read once, carried through the steps and
+      # written back once (`summary_window`); the loop's own mean loss is
+      # what its steps added to them.
+      start = self._window.value()
       first_batch = None
       if check_first_step:  # One step, traced once: a new run's first.
-        loss, first_batch = self._step(iterator, check_loss_scaling=True)
+        loss, sums, first_batch = self._step(iterator,
+                                             check_loss_scaling=True)
         finite = tf.math.is_finite(loss)
-        total = tf.where(finite, loss, 0.0)
-        done = tf.cast(finite, tf.float32)
-        nonfinite_step = tf.where(finite, nonfinite_step,
-                                  self.global_step.read_value())
+        sums = start + sums
       else:
-        for _ in tf.range(num_steps):
-          loss = self.train_step(iterator)
-          # Checked every step, so the run stops at the step that went wrong.
-          if not tf.math.is_finite(loss):
-            nonfinite_step = self.global_step.read_value()
-            break
-          total += loss
-          done += 1.0
+        # The guard's check is the loop's condition: the loop stops right
+        # after the step whose loss was not finite, with no branch in its
+        # body (a `break` costs a conditional and its loop variables at
+        # every step).
+        def body(index, unused_finite, sums):
+          loss, step_sums = self._step(iterator)
+          return index + 1, tf.math.is_finite(loss), sums + step_sums
+
+        _, finite, sums = tf.while_loop(
+            lambda index, finite, unused_sums: tf.logical_and(
+                finite, index < num_steps), body,
+            (tf.zeros([], getattr(num_steps, "dtype", tf.int32)),
+             tf.constant(True), start))
+      self._window.assign(sums)
+      # With a non-finite step the mean is not finite either; the
+      # controller rolls back or stops without it.
+      loop_sums = sums - start
       status = tf.stack([
-          tf.cast(total / tf.maximum(done, 1.0), tf.float64),
-          tf.cast(nonfinite_step, tf.float64), self._scheduled_rate(),
+          loop_sums[0] / tf.maximum(loop_sums[1], 1.0),
+          tf.where(finite, tf.constant(-1.0, tf.float64),
+                   tf.cast(self.global_step.read_value(), tf.float64)),
+          self._scheduled_rate(),
           tf.cast(self.global_step.read_value(), tf.float64)])
       self._status.assign(status)
       return first_batch if check_first_step else status
@@ -373,16 +384,21 @@ class TaskTrainer(orbit.StandardTrainer):
 
   @graph_code.written_for_graphs
   def train_step(self, iterator) -> tf.Tensor:
-    """Runs one step on every replica; returns the global mean loss."""
-    return self._step(iterator)
+    """Runs one step on every replica and adds it to the summary window;
+    returns the global mean loss. (The compiled loop adds its steps to the
+    window once per loop instead.)"""
+    loss, step_sums = self._step(iterator)
+    self._window.add_sums(step_sums)
+    return loss
 
   @graph_code.written_for_graphs
   def _step(self, iterator, check_loss_scaling: bool = False):
-    """`train_step`; returns the global mean loss.
+    """One step on every replica; returns `(the global mean loss, what the
+    step adds to the summary window's sums)`.
 
     `check_loss_scaling` also records the loss with its reference for the
     first-step check (`first_step_check.FirstStepCheck.record`), and returns
-    `(loss, the first replica's batch or None)`.
+    the first replica's batch or None third.
     """
     batch, waited = self._next_batch(iterator)
     batch, sources = self._input.sources(batch)
@@ -403,16 +419,17 @@ class TaskTrainer(orbit.StandardTrainer):
                                 axis=None)
     first_batch = (self._first_step.record(loss, logs, batch, reference)
                    if check_loss_scaling else None)
-    window = self._window.add(loss, logs, waited)
+    step_sums = self._window.step_sums(loss, logs, waited)
     # Counted once the step's batch has come and been trained on: nothing
     # else orders it after `next`, and the tf.data service's stall warning
     # reads the step while a loop runs (measured: it read 1 while the first
     # batch had not come).
-    with tf.control_dependencies([window]):
+    with tf.control_dependencies([step_sums]):
       self.global_step.assign_add(1)
+    loss = tf.cast(loss, tf.float32)
     if check_loss_scaling:
-      return tf.cast(loss, tf.float32), first_batch
-    return tf.cast(loss, tf.float32)
+      return loss, step_sums, first_batch
+    return loss, step_sums
 
   @graph_code.written_for_graphs
   def _next_batch(self, iterator):

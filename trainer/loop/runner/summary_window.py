@@ -1,11 +1,19 @@
 """The sums over a summary window of what each training step reports.
 
-Each step adds, in one op, its loss, a count, its gradient norm (where the
-step reports one), whether that norm is finite, and the seconds it waited for
-input; and the replica mean of every other scalar it returned (an override's
-`penalty`, say). The summaries read the window's means and reset it. Orbit's
-loop discards step outputs, so the sums are kept here, in variables the
-compiled loop adds to.
+Each step adds its loss, a count, its gradient norm (where the step reports
+one), whether that norm is finite, and the seconds it waited for input; and
+the replica mean of every other scalar it returned (an override's `penalty`,
+say). The summaries read the window's means and reset it. Orbit's loop
+discards step outputs, so the sums are kept here, in variables.
+
+The compiled loop reads the sums once, carries them through its steps as a
+loop variable (`step_sums` gives a step's share) and writes them back once
+(`value`, `assign`): a variable update per step is an op and a resource
+lock a bare loop does not pay. The additions are the same, in the same
+order, as `add` makes one step at a time, so the means are bit for bit the
+same. (A loop that fails part-way, where the tf.data service lost the job
+and `job_retry` goes on with a new one, leaves its steps before the failure
+out of the window: the summaries average the steps after it.)
 """
 
 from typing import Callable, ContextManager, Dict, List, Optional, Tuple
@@ -55,19 +63,42 @@ class SummaryWindow:
     """Adds a step's global loss, its logs' gradient norm and other scalars,
     and the seconds it waited for input; returns the updated sums (to order
     what must follow the step)."""
+    return self.add_sums(self.step_sums(loss, logs, waited))
+
+  def add_sums(self, step_sums: tf.Tensor) -> tf.Tensor:
+    """Adds a step's `step_sums` in one op (steps that may run at once, on
+    parameter-server workers, each add their own); returns the sums."""
+    return self._sums.assign_add(step_sums)
+
+  @graph_code.written_for_graphs
+  def step_sums(self, loss: tf.Tensor, logs: Dict[str, object],
+                waited: tf.Tensor) -> tf.Tensor:
+    """Returns what a step adds to the sums (`value`): its global loss, a
+    count, its logs' gradient norm, whether that norm is finite, and the
+    seconds it waited for input; adds its other scalars to their own sums
+    (only where the step returns any)."""
     self._add_extra_scalars(logs)
     norm = finite = tf.constant(0.0, tf.float64)
     if "gradient_norm" in logs:
       self.reports_norm = True
       # Computed from the summed gradients: the same on every replica.
-      norm = tf.cast(self._strategy.experimental_local_results(
-          logs["gradient_norm"])[0], tf.float64)
+      norm = self._strategy.experimental_local_results(
+          logs["gradient_norm"])[0]
       # A skipped float16 step's norm is not finite; it would swamp the mean.
-      finite = tf.cast(tf.math.is_finite(norm), tf.float64)
-      norm = tf.where(finite > 0, norm, 0.0)
-    return self._sums.assign_add(tf.stack(
-        [tf.cast(loss, tf.float64), tf.constant(1.0, tf.float64), norm,
-         finite, waited]))
+      is_finite = tf.math.is_finite(norm)
+      finite = tf.cast(is_finite, tf.float64)
+      norm = tf.where(is_finite, tf.cast(norm, tf.float64), 0.0)
+    return tf.stack([tf.cast(loss, tf.float64), tf.constant(1.0, tf.float64),
+                     norm, finite, waited])
+
+  def value(self) -> tf.Tensor:
+    """Returns the sums, `[loss, steps, norm, steps with a finite norm,
+    seconds waited]`, for a loop to add its steps' `step_sums` to."""
+    return self._sums.read_value()
+
+  def assign(self, sums: tf.Tensor) -> tf.Operation:
+    """Sets the sums to `sums`: `value` plus a loop's steps' `step_sums`."""
+    return self._sums.assign(sums)
 
   @graph_code.written_for_graphs
   def _add_extra_scalars(self, logs: Dict[str, object]) -> None:
