@@ -60,7 +60,8 @@ class TrainerConfig:
     max_to_keep: Newest checkpoints kept.
     keep_until_evaluated: Delete a checkpoint beyond `max_to_keep` only once
       a `continuous_eval` process has evaluated it (it records the steps it
-      evaluated in `model_dir/eval/evaluated.json`).
+      evaluated in `model_dir/eval/evaluated.json`; with named evaluation
+      sets, once every set is evaluated).
     continuous_eval_timeout: `continuous_eval` gives up after waiting this
       many seconds for a new checkpoint.
     eval_sets: The named evaluation sets every evaluation evaluates (of
