@@ -61,16 +61,16 @@ def set_of(result: str) -> Optional[str]:
 
 def check_steps(steps: Steps) -> None:
   """Checks `trainer.validation_steps`: a count, or counts by set name;
-  each positive, or -1 for a full pass."""
+  each an integer, positive or -1 for a full pass."""
   counts = steps.items() if isinstance(steps, Mapping) else [(None, steps)]
   for name, count in counts:
     setting = ("`trainer.validation_steps`" if name is None else
                f"`trainer.validation_steps[{name!r}]`")
-    if (isinstance(count, bool) or not isinstance(count, int) or
-        not (count > 0 or count == -1)):
+    if isinstance(count, bool) or not isinstance(count, int):
+      raise errors.ConfigError(f"{setting} ({count!r}) must be an integer.")
+    if not (count > 0 or count == -1):
       raise errors.ConfigError(
-          f"{setting} ({count!r}) must be a positive integer, or -1 for a "
-          "full pass.")
+          f"{setting} ({count}) must be positive, or -1 for a full pass.")
 
 
 def steps_for(steps: Steps, set_name: Optional[str]) -> int:

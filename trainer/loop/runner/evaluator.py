@@ -172,7 +172,11 @@ class SetsEvaluator(orbit.AbstractEvaluator):
         entered once around all the sets.
     """
     self.evaluators = dict(evaluators)
-    self._steps = steps
+    # A function, not the dict: `tf.Module` would wrap a dict attribute in
+    # a tracking proxy that is no `Mapping`.
+    counts = dict(steps) if isinstance(steps, Mapping) else None
+    self._steps_of = (None if counts is None else
+                      lambda name: eval_sets.steps_for(counts, name))
     self._weights = weights
 
   def evaluate(self, num_steps: tf.Tensor) -> Dict[str, float]:
@@ -189,8 +193,8 @@ class SetsEvaluator(orbit.AbstractEvaluator):
     results = {}
     with self._weights():
       for name, evaluator in self.evaluators.items():
-        steps = (eval_sets.steps_for(self._steps, name)
-                 if isinstance(self._steps, Mapping) else int(num_steps))
+        steps = (int(num_steps) if self._steps_of is None else
+                 self._steps_of(name))
         output = evaluator.evaluate(tf.convert_to_tensor(steps, tf.int32))
         results.update({eval_sets.result_name(name, metric): value
                         for metric, value in output.items()})
