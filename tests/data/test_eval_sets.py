@@ -85,6 +85,8 @@ def test_a_judged_metric_must_name_a_set():
         f"`best_checkpoint.metric` ({metric!r}) names no evaluation set: "
         "results are named `<set>/<metric>` (e.g. 'clean/accuracy'), and "
         "the sets are: clean, noisy.")
+  with pytest.raises(errors.ConfigError, match=r"\(e.g. 'clean/mae'\)"):
+    eval_sets.check_metric("best_checkpoint.metric", "mae", ["clean"])
 
 
 @pytest.mark.parametrize("names,held_out,chosen,steps,message", [

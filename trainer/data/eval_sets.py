@@ -147,7 +147,8 @@ def check_metric(setting: str, metric: Optional[str],
     return
   raise errors.ConfigError(
       f"`{setting}` ({metric!r}) names no evaluation set: results are named "
-      f"`<set>/<metric>` (e.g. '{names[0]}/accuracy'), and the sets are: "
+      f"`<set>/<metric>` (e.g. '{names[0]}/{metric.rsplit('/', 1)[-1]}'), "
+      "and the sets are: "
       f"{', '.join(names)}.")
 
 
