@@ -453,7 +453,10 @@ def test_continuous_eval_evaluates_every_set_of_every_checkpoint(tmp_path):
   task = _RegressionSets(_TWO_SETS)
   experiment.run(task, "train", model_dir, _runtime(), _config())
   config = _config(continuous_eval_timeout=5, held_out_sets=("noisy",),
-                   best_checkpoint=_best("clean/mae"))
+                   best_checkpoint=_best("clean/mae"),
+                   early_stopping=trainer.actions.EarlyStoppingConfig(
+                       metric="clean/loss",
+                       higher_is_better=False))
   output = experiment.run(task, "continuous_eval", model_dir, _runtime(),
                           config)
   with open(tmp_path / "eval" / "evaluated.json") as f:
@@ -474,3 +477,9 @@ def test_continuous_eval_evaluates_every_set_of_every_checkpoint(tmp_path):
            for step, results in record["results"].items()}
   assert best["metric"] == "clean/mae"
   assert best["value"] == pytest.approx(min(clean.values()))
+  with open(tmp_path / "early_stopping.json") as f:
+    stopping = json.load(f)
+  assert stopping["metric"] == "clean/loss"
+  assert stopping["values"] == {
+      str(step): pytest.approx(record["results"][str(step)]["clean/loss"])
+      for step in (10, 20)}
