@@ -416,8 +416,13 @@ def _best(metric):
     (_TWO_SETS, dict(validation_steps={"noisy": 3}),
      "`trainer.validation_steps` (3) is more than the 2 batch(es) of the "
      "evaluation set 'noisy'; use -1 for one full pass."),
+    (_TWO_SETS, dict(eval_sets=("noisy",), best_checkpoint=_best("clean/mae")),
+     "`best_checkpoint.metric` ('clean/mae') is a result of the set 'clean', "
+     "which `trainer.eval_sets` (noisy) leaves out: evaluate it too, or "
+     "judge by a set evaluated."),
 ], ids=["empty set", "no set", "bad name", "metric of no set",
-        "metric of an unknown set", "unknown held-out set", "steps of a set"])
+        "metric of an unknown set", "unknown held-out set", "steps of a set",
+        "metric of a set not evaluated"])
 def test_bad_eval_sets_are_one_line_and_write_nothing(tmp_path, sets,
                                                       overrides, message):
   model_dir = tmp_path / "run"

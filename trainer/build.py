@@ -25,7 +25,6 @@ from trainer import config as config_lib
 from trainer import console
 from trainer import runtime as runtime_lib
 from trainer import state as state_lib
-from trainer.data import eval_sets
 from trainer.data import inputs as inputs_lib
 from trainer.data import service as data_service
 from trainer.distribute import cluster
@@ -235,8 +234,6 @@ def parts(task: task_lib.Task, mode: str, setup: Process,
   # Named sets are checked to hold examples of one kind by the model.
   eval_input = next(iter(eval_inputs.values())) if eval_inputs else None
   set_names = tuple(name for name in eval_inputs or () if name is not None)
-  if evaluating:
-    _check_judged_metrics(config, list(eval_inputs))
   built_state = state(task, setup,
                       (train_input or eval_input).dataset.element_spec,
                       config, training=training, replica_factor=replica_factor)
@@ -283,16 +280,6 @@ def _evaluator(task: task_lib.Task, built_state: state_lib.TrainState,
           set_name=name)
        for name, eval_input in eval_inputs.items()},
       steps=config.validation_steps, weights=built_state.averaged_weights)
-
-
-def _check_judged_metrics(config: config_lib.TrainerConfig,
-                          names: List[Optional[str]]) -> None:
-  """With named sets, the metrics a run is judged by must each name one
-  (`<set>/<metric>`); before anything is written."""
-  for setting, metric in (
-      ("best_checkpoint.metric", config.best_checkpoint.metric),
-      ("early_stopping.metric", config.early_stopping.metric)):
-    eval_sets.check_metric(setting, metric, names)
 
 
 def _report_placement(built_state: state_lib.TrainState,

@@ -89,6 +89,23 @@ def test_a_judged_metric_must_name_a_set():
     eval_sets.check_metric("best_checkpoint.metric", "mae", ["clean"])
 
 
+def test_a_judged_metric_must_be_of_a_set_evaluated():
+  eval_sets.check_metric("best_checkpoint.metric", "clean/accuracy",
+                         ["clean", "noisy"], chosen=("clean",))
+  with pytest.raises(errors.ConfigError) as caught:
+    eval_sets.check_names(
+        ["clean", "noisy"], (), ("noisy",), -1,
+        judged={"best_checkpoint.metric": "clean/accuracy",
+                "early_stopping.metric": None})
+  assert str(caught.value) == (
+      "`best_checkpoint.metric` ('clean/accuracy') is a result of the set "
+      "'clean', which `trainer.eval_sets` (noisy) leaves out: evaluate it "
+      "too, or judge by a set evaluated.")
+  with pytest.raises(errors.ConfigError, match="names no evaluation set"):
+    eval_sets.check_names(["clean"], (), None, -1,
+                          judged={"early_stopping.metric": "loss"})
+
+
 @pytest.mark.parametrize("names,held_out,chosen,steps,message", [
     ([], (), None, -1,
      "`build_inputs(training=False)` returned no evaluation set (an empty "

@@ -32,9 +32,6 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 # `trainer.validation_steps`: one count for every set, or counts by name.
 Steps = Union[int, Mapping[str, int]]
 
-# The settings that judge a run by a metric: never a held-out set's.
-JUDGED = ("best_checkpoint.metric", "early_stopping.metric")
-
 
 def check_name(name) -> None:
   """Raises unless `name` can be a set's name and its TensorBoard run.
@@ -96,7 +93,8 @@ def check_judged(setting: str, metric: Optional[str],
 
 
 def check_names(names: Sequence[str], held_out: Sequence[str],
-                chosen: Optional[Sequence[str]], steps: Steps) -> None:
+                chosen: Optional[Sequence[str]], steps: Steps,
+                judged: Optional[Mapping[str, Optional[str]]] = None) -> None:
   """Checks the sets a Task returned against the settings naming sets.
 
   Args:
@@ -104,10 +102,13 @@ def check_names(names: Sequence[str], held_out: Sequence[str],
     held_out: `trainer.held_out_sets`.
     chosen: `trainer.eval_sets`, None for every set.
     steps: `trainer.validation_steps`.
+    judged: The metrics a run is judged by, by setting
+      (`{"best_checkpoint.metric": "noisy/accuracy"}`); None set: none.
 
   Raises:
     errors.ConfigError: For an empty dict of sets, a name that cannot be a
-      run name, or a setting naming a set the Task does not return.
+      run name, a setting naming a set the Task does not return, or a
+      judged metric of no set, or of a set not evaluated.
   """
   if not names:
     raise errors.ConfigError(
@@ -132,24 +133,41 @@ def check_names(names: Sequence[str], held_out: Sequence[str],
     raise errors.ConfigError(
         f"`{setting}` names {unknown[0]!r}, which is not an evaluation set "
         f"of the Task; its sets are: {', '.join(names)}.")
+  for setting, metric in (judged or {}).items():
+    check_metric(setting, metric, names, chosen)
 
 
 def check_metric(setting: str, metric: Optional[str],
-                 names: Sequence[str]) -> None:
-  """With named sets, a metric judged by must be `<set>/<metric>` of one.
+                 names: Sequence[str],
+                 chosen: Optional[Sequence[str]] = None) -> None:
+  """With named sets, a metric judged by must be `<set>/<metric>` of a set
+  evaluated.
 
   The unnamed set's results are checked at the first evaluation, as ever.
+
+  Args:
+    setting: What judges by `metric` (`best_checkpoint.metric`).
+    metric: The result judged by; None: nothing is.
+    names: The Task's set names, or `[None]` for its one unnamed set.
+    chosen: `trainer.eval_sets`, None for every set.
 
   Raises:
     errors.ConfigError: Naming the setting, the metric and the sets.
   """
-  if metric is None or list(names) == [None] or set_of(metric) in names:
+  if metric is None or list(names) == [None]:
     return
-  raise errors.ConfigError(
-      f"`{setting}` ({metric!r}) names no evaluation set: results are named "
-      f"`<set>/<metric>` (e.g. '{names[0]}/{metric.rsplit('/', 1)[-1]}'), "
-      "and the sets are: "
-      f"{', '.join(names)}.")
+  set_name = set_of(metric)
+  if set_name not in names:
+    raise errors.ConfigError(
+        f"`{setting}` ({metric!r}) names no evaluation set: results are "
+        f"named `<set>/<metric>` (e.g. "
+        f"'{names[0]}/{metric.rsplit('/', 1)[-1]}'), and the sets are: "
+        f"{', '.join(names)}.")
+  if chosen is not None and set_name not in tuple(chosen):
+    raise errors.ConfigError(
+        f"`{setting}` ({metric!r}) is a result of the set {set_name!r}, "
+        f"which `trainer.eval_sets` ({', '.join(chosen)}) leaves out: "
+        "evaluate it too, or judge by a set evaluated.")
 
 
 def chosen_names(names: Sequence[Optional[str]],

@@ -448,7 +448,9 @@ def for_eval_sets(task: task_lib.Task, strategy: tf.distribute.Strategy,
 
   Raises:
     errors.ConfigError: For an empty dict, an empty set, a name that cannot
-      be a TensorBoard run, or a setting naming a set there is not.
+      be a TensorBoard run, a setting naming a set there is not, or a
+      judged metric (`best_checkpoint.metric`, `early_stopping.metric`) of
+      no set or of a set not evaluated.
   """
   # The context `for_task` gives an evaluation input: every worker reads
   # the whole of every set.
@@ -458,8 +460,11 @@ def for_eval_sets(task: task_lib.Task, strategy: tf.distribute.Strategy,
   found = task.build_inputs(False, context)
   named = isinstance(found, Mapping)
   unused = dict(found) if named else {None: found}
-  eval_sets.check_names(list(unused), config.held_out_sets, config.eval_sets,
-                        config.validation_steps)
+  eval_sets.check_names(
+      list(unused), config.held_out_sets, config.eval_sets,
+      config.validation_steps,
+      judged={"best_checkpoint.metric": config.best_checkpoint.metric,
+              "early_stopping.metric": config.early_stopping.metric})
 
   def set_fn(name: Optional[str]) -> DatasetFn:
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
