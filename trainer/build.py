@@ -110,6 +110,9 @@ class Parts:
     features_spec: The eval input's features, for export signatures.
     eval_set_names: The named evaluation sets evaluated, in order; () for
       a Task's one unnamed set (or no evaluation).
+    eval_inputs: Each evaluation set's input by name (`{None: input}` for
+      a Task's one unnamed set); None where nothing is evaluated or
+      exported.
   """
   task: task_lib.Task
   config: config_lib.TrainerConfig
@@ -126,6 +129,8 @@ class Parts:
   restarts_input: bool = False
   features_spec: Any = None
   eval_set_names: Tuple[str, ...] = ()
+  eval_inputs: Optional[Dict[Optional[str],
+                             inputs_lib.DistributedInput]] = None
 
   def export(self, directory: str) -> None:
     """Writes a serving SavedModel (EMA weights, if any) to `directory`: of
@@ -245,7 +250,8 @@ def parts(task: task_lib.Task, mode: str, setup: Process,
       task=task, config=config, runtime=runtime, worker=worker,
       training=training, evaluating=evaluating, state=built_state,
       features_spec=eval_input.dataset.element_spec[0] if eval_input else None,
-      eval_set_names=set_names if evaluating else ())
+      eval_set_names=set_names if evaluating else (),
+      eval_inputs=eval_inputs)
   position = None
   if training:
     found.trainer = trainer(task, built_state, train_input, config, runtime)

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 import trainer
+from trainer import build
 from trainer import experiment
 from trainer.loop.runner import evaluator as evaluator_lib
 from trainer.storage import evaluated
@@ -242,6 +243,13 @@ def test_named_sets_on_two_replicas_equal_one_set_runs(tmp_path):
     assert alone == {"accuracy": output[f"{name}/accuracy"],
                      "loss": pytest.approx(output[f"{name}/loss"],
                                            rel=1e-6)}
+  # What a run builds: each set's input by name, 6 and 4 batches.
+  parts = build.parts(_DigitSets(), "eval", build.process(runtime),
+                      _config(eval_batch_size=64))
+  assert parts.eval_set_names == ("clean", "noisy")
+  assert {name: int(found.dataset.cardinality())
+          for name, found in parts.eval_inputs.items()} == {"clean": 6,
+                                                            "noisy": 4}
   # --mode=eval with one named set, its 4 batches counted by name.
   chosen = experiment.run(_DigitSets(), "eval", str(tmp_path / "chosen"),
                           runtime, _config(eval_batch_size=64,
