@@ -136,7 +136,7 @@ def build_run(task: task_lib.Task, setup: build.Process,
   # reshuffle the trainer's (`shuffle(reshuffle_each_iteration=True)`).
   first_batch = next(iter(train_input.build()))
   state = build.state(  # One SGD per trained model.
-      task, setup, train_input.dataset.element_spec, config, training=True,
+      task, setup, train_input.element_spec, config, training=True,
       optimizer_fn=lambda: tf_keras.optimizers.SGD(FLAGS.learning_rate))
   if weights is None:
     task.initialize(state.model, config.warm_start)
@@ -232,9 +232,18 @@ def check_hooks(task: task_lib.Task, strategy: tf.distribute.Strategy,
                           strategy, config, runtime)
   if not named.several(model) and model.built:
     call_hook("build_inputs", state_lib.check_input_ranks, model,
-              train_input.dataset.element_spec[0])
-  report(True, "build_inputs",
-         f"single examples ({describe_specs(examples.element_spec)})")
+              train_input.element_spec[0])
+  if train_input.mixture is None:
+    report(True, "build_inputs",
+           f"single examples ({describe_specs(examples.element_spec)})")
+  else:
+    # A mixture's sources, each of single examples; the resume check below
+    # restores the sampling position with the sources'.
+    report(True, "build_inputs", "a mixture of " + "; ".join(
+        f"{name}: single examples ({describe_specs(source.element_spec)})"
+        for name, source in examples.items()))
+    report(True, "mixture", train_input.mixture.describe() +
+           "; the input and resume checks below read it")
   # The losses of an eval batch, as `validation_step` returns them: training
   # batches may need the task's own step to become model inputs (CIFAR-10's
   # crops), eval batches go to the model as they are.

@@ -58,6 +58,35 @@ class LinearRegression(trainer.Task):
     return tf_keras.optimizers.SGD(self.learning_rate)
 
 
+class MixedRegression(LinearRegression):
+  """`LinearRegression` trained on a mixture of two sources: "clean" and
+  "shifted" (its targets 1 higher), each shuffled anew every epoch.
+
+  Its metric is the mean target, so a mixture's share shows in it too.
+  """
+
+  def __init__(self, sizes=(192, 64), learning_rate: float = 0.05,
+               rates=None):
+    super().__init__(sizes[0], learning_rate)
+    self.sizes = sizes
+    self.rates = rates
+
+  def _source(self, seed, size, shift):
+    x = np.random.RandomState(seed).normal(size=(size, 4)).astype(np.float32)
+    y = (x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32))[:, None] + shift
+    return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(
+        size, seed=seed, reshuffle_each_iteration=True)
+
+  def build_inputs(self, training, input_context=None):
+    if not training:
+      return super().build_inputs(training, input_context)
+    return {"clean": self._source(0, self.sizes[0], 0.0),
+            "shifted": self._source(1, self.sizes[1], 1.0)}
+
+  def mixture_rates(self):
+    return self.rates
+
+
 class ConfiguredRegression(LinearRegression):
   """`LinearRegression` with the optimizer gin configures (Model Garden's
   legacy optimizers through `optimizer.*` and `learning_rate.*`)."""

@@ -240,7 +240,7 @@ def parts(task: task_lib.Task, mode: str, setup: Process,
   eval_input = next(iter(eval_inputs.values())) if eval_inputs else None
   set_names = tuple(name for name in eval_inputs or () if name is not None)
   built_state = state(task, setup,
-                      (train_input or eval_input).dataset.element_spec,
+                      (train_input or eval_input).element_spec,
                       config, training=training, replica_factor=replica_factor)
   _report_placement(built_state, runtime)
   if (config.export.at_end or config.export.best or

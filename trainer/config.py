@@ -17,6 +17,7 @@ import gin
 from trainer import actions
 from trainer import checks
 from trainer.data import eval_sets as eval_sets_lib
+from trainer.data import mixture as mixture_lib
 from trainer.distribute import pipeline as pipeline_lib
 from trainer.loop.control import profiler
 from trainer.loop.control import rollback
@@ -80,6 +81,20 @@ class TrainerConfig:
       `global_batch_size` skips the examples trained on before in batches
       of the new size ("checkpoint" and "skip"; the checkpointed iterator
       gives batches of the old size), and says so in an `input |` line.
+    mixture: Training sources by name -> their rates, where the Task's
+      `build_inputs(training=True)` returns a dict of datasets, e.g.
+      `{"clean": 0.7, "noisy": 0.3}`: each source's share of the examples
+      is its rate over their sum, drawn example by example, seeded from
+      `runtime.seed`; None takes the Task's `mixture_rates()`.
+    mixture_schedule: The rates of a mixture over steps, in place of
+      `mixture`: step -> the rates there, e.g. `{0: {"clean": 1.0, "noisy":
+      0.0}, 1000: {"clean": 0.7, "noisy": 0.3}}`; between two steps each
+      source's share moves linearly, after the last it stays. It starts at
+      step 0, changes every 1,024 examples of an input pipeline, and needs
+      `mixture_exhausted = "repeat"`.
+    mixture_exhausted: What a finite source of a mixture does when it runs
+      out: "repeat" (it starts over alone; the rates hold) or "end" (the
+      mixture's epoch ends and the whole mixture starts over).
     gradient_accumulation_steps: Micro-batches per step: each replica's
       slice of the global batch is cut into this many, and their gradients
       are summed before one update (same update, less memory).
@@ -141,6 +156,9 @@ class TrainerConfig:
   eval_sets: Optional[Tuple[str, ...]] = None
   held_out_sets: Tuple[str, ...] = ()
   input_position: str = "checkpoint"
+  mixture: Optional[Dict[str, float]] = None
+  mixture_schedule: Optional[Dict[int, Dict[str, float]]] = None
+  mixture_exhausted: str = "repeat"
   gradient_accumulation_steps: int = 1
   gradient_clip_norm: Optional[float] = None
   gradient_clip_value: Optional[float] = None
@@ -201,6 +219,17 @@ class TrainerConfig:
                     optional=True)
     checks.choice("trainer.input_position", self.input_position,
                   INPUT_POSITIONS)
+    if self.mixture is not None:
+      object.__setattr__(self, "mixture",
+                         mixture_lib.check_rates(self.mixture))
+    checks.choice("trainer.mixture_exhausted", self.mixture_exhausted,
+                  mixture_lib.EXHAUSTION)
+    if self.mixture_schedule is not None:
+      checks.require(
+          self.mixture is None,
+          "give `trainer.mixture` or `trainer.mixture_schedule`, not both.")
+      object.__setattr__(self, "mixture_schedule",
+                         mixture_lib.check_schedule(self.mixture_schedule))
     checks.choice("trainer.batch_scaling", self.batch_scaling, scaling.RULES,
                   optional=True)
     checks.positive("trainer.reference_replicas", self.reference_replicas)

@@ -116,6 +116,25 @@ MY_TASKS = textwrap.dedent('''\
 
 
     @gin.configurable
+    class Mixed(Regression):
+      """Trains on a 70/30 mixture of two sources by its own hook."""
+
+      def build_inputs(self, training, input_context=None):
+        if not training:
+          return super().build_inputs(training, input_context)
+        rng = np.random.RandomState(2)
+        x = rng.normal(size=(64, 4)).astype(np.float32)
+        y = (x @ np.array([1.0, -2.0, 0.5, 3.0], np.float32))[:, None] + 1.0
+        shifted = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(
+            64, seed=2)
+        return {"clean": super().build_inputs(training, input_context),
+                "shifted": shifted}
+
+      def mixture_rates(self):
+        return {"clean": 0.7, "shifted": 0.3}
+
+
+    @gin.configurable
     class TwoModels(Regression):
       """Two models, two optimizers; model b's loss is averaged per replica."""
 
@@ -169,6 +188,7 @@ CASES = {
     "flat_labels": "FlatLabels",
     "own_metrics": "OwnMetrics",
     "two_models": "TwoModels",
+    "mixture": "Mixed",
 }
 # Checked by slow tests (`slow_checks`): the shipped digits tasks, and a
 # second several-model case, each as long as three of the above.
@@ -267,6 +287,26 @@ def test_a_correct_task_passes_with_its_figures(checks):
       "3 step(s) vs 6 steps: max weight difference 0")
   assert lines[-1] == ("check_task | PASS: Regression trains the same on 1 "
                        "and 2 replicas and resumes exactly")
+
+
+def test_a_mixture_is_checked_with_its_sampling_position(checks):
+  code, lines, stderr = checks["mixture"].result()
+  assert code == 0, stderr[-2000:]
+  assert lines[1:3] == [
+      "PASS build_inputs: a mixture of clean: single examples ((4,) "
+      "float32, (1,) float32); shifted: single examples ((4,) float32, (1,) "
+      "float32)",
+      "PASS mixture: clean 0.7, shifted 0.3 (from `Mixed.mixture_rates`; a "
+      "source that runs out starts over); the input and resume checks below "
+      "read it"]
+  assert line(lines, "PASS input: ") == (
+      "PASS input: two builds give the same first batch")
+  # The checkpoint holds the mixture's iterator: the resumed run reads the
+  # same sources' examples in the same order.
+  assert line(lines, "PASS resume: 3 step(s), checkpoint, restore").endswith(
+      "3 step(s) vs 6 steps: max weight difference 0")
+  assert lines[-1] == ("check_task | PASS: Mixed trains the same on 1 and 2 "
+                       "replicas and resumes exactly")
 
 
 def test_per_replica_averaging_fails_naming_it(checks):

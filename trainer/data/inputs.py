@@ -20,6 +20,7 @@ from trainer import console
 from trainer import errors
 from trainer import graph_code
 from trainer.data import eval_sets
+from trainer.data import mixture as mixture_lib
 from trainer.data import service as data_service
 from trainer.distribute import cluster
 from trainer.model import task as task_lib
@@ -97,6 +98,9 @@ class DistributedInput:
     dataset: Batches of `per_replica_batch_size * local_replicas` examples.
     per_replica_batch_size: Examples each replica receives per step.
     input_context: The `InputContext` the dataset was built for.
+    mixture: The rates of the Task's training sources where it returns
+      several; the dataset's batches then come as `(batch, the source index
+      of each example)` (`sources` splits them), else None.
   """
 
   def __init__(self, strategy: tf.distribute.Strategy, dataset_fn: DatasetFn,
@@ -108,7 +112,9 @@ class DistributedInput:
                batch_fn_parallel_calls: int = 0,
                deterministic: bool = True,
                remote: Optional[Callable[[tf.data.Dataset],
-                                         tf.data.Dataset]] = None):
+                                         tf.data.Dataset]] = None,
+               mixture: Optional[mixture_lib.Mixture] = None,
+               task_name: str = "Task"):
     """Builds the worker's dataset.
 
     Args:
@@ -136,6 +142,8 @@ class DistributedInput:
         here (examples, batching, `batch_fn`) and returns the dataset that
         reads its batches (`data_service.distribute`). Its iterator cannot
         be checkpointed.
+      mixture: Mixes the named training datasets `dataset_fn` returns.
+      task_name: The Task's class name, for error messages.
     """
     self._strategy = strategy
     num_replicas = strategy.num_replicas_in_sync
@@ -156,6 +164,8 @@ class DistributedInput:
     self._batch_fn_parallel_calls = batch_fn_parallel_calls or None
     self._deterministic = deterministic
     self._remote = remote
+    self.mixture = mixture
+    self._task_name = task_name
     self.dataset = self.build()
 
   def build(self, shard_examples: Optional[Callable[
@@ -171,12 +181,12 @@ class DistributedInput:
       errors.ConfigError: For batched or too small data (`check_unbatched`,
         `_check_not_empty`).
     """
-    dataset = self._dataset_fn(self.input_context)
+    dataset = self._mixed(self._dataset_fn(self.input_context))
     if not isinstance(dataset, tf.data.Dataset):
       raise errors.ConfigTypeError(
           "`build_inputs` must return a `tf.data.Dataset`, got "
           f"{type(dataset).__name__}.")
-    check_unbatched(dataset.element_spec)
+    check_unbatched(self._examples_spec(dataset.element_spec))
     batch_size = self.per_replica_batch_size * self._num_local_replicas
     _check_not_empty(dataset, batch_size if self._training else 1,
                      self._training)
@@ -192,6 +202,9 @@ class DistributedInput:
     if self._batch_fn is not None:
       pipeline = tf.constant(self.input_context.input_pipeline_id, tf.int64)
       batch_fn = self._batch_fn
+      if self.mixture is not None:  # The Task's part only.
+        batch_fn = lambda batch, seed, task_fn=batch_fn: (  # pylint: disable=g-long-lambda
+            task_fn(batch[0], seed), batch[1])
       dataset = dataset.enumerate().map(
           lambda index, batch: batch_fn(batch, tf.stack([pipeline, index])),
           num_parallel_calls=self._batch_fn_parallel_calls)
@@ -204,6 +217,42 @@ class DistributedInput:
     if self._remote is not None:
       dataset = self._remote(dataset)
     return dataset.prefetch(tf.data.AUTOTUNE)
+
+  def _mixed(self, built):
+    """What `build_inputs` returned, its sources mixed where it returned
+    several (`mixture_lib.Mixture.mix`).
+
+    Raises:
+      errors.ConfigError: For several training datasets without rates.
+    """
+    if self.mixture is not None:
+      return self.mixture.mix(built, self._task_name,
+                              self.input_context.input_pipeline_id)
+    if isinstance(built, Mapping) and self._training:
+      names = ", ".join(map(str, built))
+      raise errors.ConfigError(
+          f"{self._task_name}.build_inputs(training=True) returns several "
+          f"datasets ({names}) but no rates: give them in `trainer.mixture` "
+          '(e.g. `trainer.mixture = {"name": 0.5, ...}`) or '
+          f"`{self._task_name}.mixture_rates`.")
+    return built
+
+  def _examples_spec(self, element_spec):
+    """The Task's part of an element (a mixture's also holds the source)."""
+    return element_spec if self.mixture is None else element_spec[0]
+
+  @property
+  def element_spec(self):
+    """The spec of the Task's batches (without a mixture's sources)."""
+    return self._examples_spec(self.dataset.element_spec)
+
+  @graph_code.written_for_graphs
+  def sources(self, batch):
+    """Returns `(the Task's batch, each example's source index)`; the index
+    is None without a mixture."""
+    if self.mixture is None:
+      return batch, None
+    return batch
 
   @property
   def remote(self) -> bool:
@@ -393,7 +442,12 @@ def for_task(task: task_lib.Task, training: bool,
       batch_fn_parallel_calls=runtime.dataset_batch_parallel_calls,
       deterministic=runtime.dataset_deterministic,
       remote=(functools.partial(data_service.distribute, runtime=runtime)
-              if training and runtime.data_service else None))
+              if training and runtime.data_service else None),
+      mixture=(mixture_lib.for_task(
+          task, config, runtime,
+          examples_per_step=config.global_batch_size // worker.num_workers)
+               if training else None),
+      task_name=type(task).__name__)
 
 
 def for_mode(task: task_lib.Task, strategy: tf.distribute.Strategy, config,
@@ -425,6 +479,8 @@ def for_mode(task: task_lib.Task, strategy: tf.distribute.Strategy, config,
                    f"{context.num_input_pipelines}")
     if runtime.data_service:
       console.info(data_service.describe(runtime))
+    if train_input.mixture is not None:
+      console.info(f"mixture | {train_input.mixture.describe()}")
   if evaluating or config.export.at_end:
     eval_inputs = for_eval_sets(task, strategy, config, runtime, worker)
     for name, eval_input in eval_inputs.items() if evaluating else ():

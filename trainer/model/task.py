@@ -76,9 +76,25 @@ class Task:
     Examples held as blocks (tensors stacked on a leading axis) are best
     returned as `trainer.data.inputs.examples_from_blocks(blocks)`: the
     framework then batches them a block at a time.
+
+    For training, a dict of such datasets by name is a mixture: their
+    examples are drawn one by one at the rates of `trainer.mixture` (or
+    `mixture_rates`), and the train summaries show each source's share
+    (`trainer.data.mixture`). Blocks are read as single examples there.
     """
     raise NotImplementedError(
         f"{type(self).__name__} must define build_inputs.")
+
+  def mixture_rates(self) -> Optional[Dict[str, float]]:
+    """Returns the rates of the training sources by name, where
+    `build_inputs(training=True)` returns a dict of datasets; None (the
+    default) leaves them to `trainer.mixture`, which wins where both give
+    rates.
+
+    Each source's share of the training examples is its rate over their
+    sum; 0 leaves a source out (`trainer.data.mixture`).
+    """
+    return None
 
   def preprocess_batch(self, batch, training: bool, seed: tf.Tensor):
     """Transforms a batch of one input pipeline, right after batching.

@@ -32,6 +32,7 @@ from trainer.loop.runner import idle_optimizers
 from trainer.loop.runner import input_position
 from trainer.loop.runner import job_retry
 from trainer.loop.runner import replica_step
+from trainer.loop.runner import source_shares
 from trainer.loop.runner import summary_window
 from trainer.model import gradients
 from trainer.model import named
@@ -128,6 +129,10 @@ class TaskTrainer(orbit.StandardTrainer):
     that own them."""
     self._window = summary_window.SummaryWindow(
         self.strategy, type(self.task).__name__, self._host_scope)
+    # A mixture's examples per source, for the summaries' shares.
+    self._shares = (None if self._input.mixture is None else
+                    source_shares.SourceShares(self._input.mixture,
+                                               self._host_scope))
     # What the host reads after each loop, in one read: the loop's mean
     # loss, the step whose loss was not finite (-1: none; the loop stops
     # right after it), for a schedule the learning rate after the loop
@@ -380,6 +385,9 @@ class TaskTrainer(orbit.StandardTrainer):
     `(loss, the first replica's batch or None)`.
     """
     batch, waited = self._next_batch(iterator)
+    batch, sources = self._input.sources(batch)
+    if sources is not None:
+      self._shares.add(sources)
     batch = self._input.split(batch)
     if check_loss_scaling:
       logs, reference = self.strategy.run(
@@ -453,6 +461,8 @@ class TaskTrainer(orbit.StandardTrainer):
           optimization.current_learning_rate(optimizer))
     if self._measures_input_wait():
       results["input_wait_seconds"] = waited
+    if self._shares is not None:
+      results.update(self._shares.read_and_reset())
     return results
 
   @graph_code.written_for_graphs
