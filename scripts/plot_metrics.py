@@ -1,6 +1,7 @@
 """Plots the TensorBoard scalars of one or more runs into one PNG.
 
 For each run directory it reads the event files under `train/` and `eval/`
+(a named evaluation set's under `eval/<set>/`, plotted as `<set>/<metric>`)
 and draws a grid of line plots against the global step, one panel per
 metric: `loss`, `accuracy`, `learning_rate`, then every other metric found,
 sorted (`steps_per_second` and `examples_per_second` only with `--all`).
@@ -100,9 +101,13 @@ def read_scalars(log_dir: str) -> Scalars:
 def read_run(model_dir: str) -> Dict[str, Scalars]:
   """Reads the train and eval scalars of a run.
 
+  Named evaluation sets write their summaries to runs of their own,
+  `eval/<set>/`: their scalars are read as `<set>/<tag>` (`clean/accuracy`),
+  as the run's results name them.
+
   Args:
-    model_dir: A run directory, with event files under `train/`, `eval/` or
-      both.
+    model_dir: A run directory, with event files under `train/`, `eval/`
+      (or `eval/<set>/`) or both.
 
   Returns:
     `{"train": {tag: [(step, value), ...]}, "eval": {...}}`, each list
@@ -115,11 +120,35 @@ def read_run(model_dir: str) -> Dict[str, Scalars]:
   if not tf.io.gfile.isdir(model_dir):
     raise ValueError(f"no such directory: {model_dir}")
   log_dirs = {split: os.path.join(model_dir, split) for split in SPLITS}
-  if not any(tf.io.gfile.glob(os.path.join(log_dir, "events.out.tfevents.*"))
-             for log_dir in log_dirs.values()):
+  set_dirs = _set_dirs(log_dirs["eval"])
+  if not any(_has_events(log_dir)
+             for log_dir in list(log_dirs.values()) + list(set_dirs.values())):
     raise ValueError(f"no event files under {log_dirs['train']} or "
                      f"{log_dirs['eval']}")
-  return {split: read_scalars(log_dir) for split, log_dir in log_dirs.items()}
+  run = {split: read_scalars(log_dir) for split, log_dir in log_dirs.items()}
+  for name, log_dir in set_dirs.items():
+    run["eval"].update({f"{name}/{tag}": points
+                        for tag, points in read_scalars(log_dir).items()})
+  return run
+
+
+def _has_events(log_dir: str) -> bool:
+  return bool(tf.io.gfile.glob(os.path.join(log_dir,
+                                            "events.out.tfevents.*")))
+
+
+def _set_dirs(eval_dir: str) -> Dict[str, str]:
+  """`{set: eval_dir/set}` of each named evaluation set's run (a
+  subdirectory holding event files), in name order."""
+  if not tf.io.gfile.isdir(eval_dir):
+    return {}
+  found = {}
+  for name in sorted(tf.io.gfile.listdir(eval_dir)):
+    name = name.rstrip("/")
+    path = os.path.join(eval_dir, name)
+    if tf.io.gfile.isdir(path) and _has_events(path):
+      found[name] = path
+  return found
 
 
 def panel_names(runs: Dict[str, Dict[str, Scalars]],

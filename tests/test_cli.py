@@ -3,6 +3,8 @@
 import json
 import os
 import shutil
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -183,6 +185,66 @@ def test_user_task_outside_the_repo_via_gin_import(tmp_path):
   assert "final eval | loss " in result.stdout
   with open(tmp_path / "run" / "operative_config.gin") as f:
     assert "trainer.train_steps = 30" in f.read()
+
+
+def test_named_eval_sets_bad_input_is_one_line_exit_2_nothing_written(
+    tmp_path):
+  (tmp_path / "sets_task.py").write_text(textwrap.dedent('''
+      import gin
+      import tensorflow as tf
+      import tf_keras
+      import trainer
+
+      @gin.configurable
+      class TwoSets(trainer.Task):
+        def build_model(self):
+          return tf_keras.Sequential([tf_keras.Input((1,)),
+                                      tf_keras.layers.Dense(1)])
+        def build_inputs(self, training, input_context=None):
+          data = tf.data.Dataset.from_tensor_slices(
+              (tf.ones([16, 1]), 3.0 * tf.ones([16, 1])))
+          return data if training else {"clean": data, "test": data}
+        def build_losses(self, labels, model_outputs, aux_losses=None):
+          return tf.reduce_mean(tf.square(labels - model_outputs), -1)
+  '''))
+  (tmp_path / "sets.gin").write_text(textwrap.dedent('''
+      import sets_task
+      experiment.task = @TwoSets()
+      trainer.train_steps = 20
+      trainer.steps_per_loop = 10
+      trainer.summary_interval = 10
+      trainer.global_batch_size = 8
+      trainer.eval_batch_size = 8
+      trainer.held_out_sets = ("test",)
+      best_checkpoint.higher_is_better = False
+  '''))
+  cases = {
+      "names no set": (
+          "best_checkpoint.metric='loss'",
+          "train.py: error: `best_checkpoint.metric` ('loss') names no "
+          "evaluation set: results are named `<set>/<metric>` (e.g. "
+          "'clean/loss'), and the sets are: clean, test."),
+      "held out": (
+          "best_checkpoint.metric='test/loss'",
+          "train.py: error: `best_checkpoint.metric` ('test/loss') is a "
+          "result of the held-out set 'test' (`trainer.held_out_sets`), "
+          "which is evaluated and reported but never judged: judge by "
+          "another set's result."),
+  }
+  # Started together: each spends its seconds importing TensorFlow.
+  running = {
+      name: subprocess.Popen(
+          [sys.executable, os.path.join(helpers.REPO_ROOT, "train.py"),
+           "--gin_file=sets.gin", f"--gin_param={binding}",
+           f"--model_dir={name.replace(' ', '_')}"],
+          cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+          text=True)
+      for name, (binding, _) in cases.items()}
+  for name, process in running.items():
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 2, (name, stderr[-2000:])
+    assert stderr.strip().splitlines() == [cases[name][1]], name
+    assert not (tmp_path / name.replace(" ", "_")).exists()
 
 
 @pytest.mark.parametrize("runtime_file,params,expected", [

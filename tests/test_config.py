@@ -45,6 +45,35 @@ def _config(**overrides):
     (dict(preemption_grace_seconds=0),
      "`trainer.preemption_grace_seconds` (0) must be a positive number of "
      "seconds, below the scheduler's grace period before SIGKILL."),
+    (dict(validation_steps={"clean": 0}),
+     "`trainer.validation_steps['clean']` (0) must be positive, or -1 for a "
+     "full pass."),
+    (dict(validation_steps={"a/b": 3}),
+     "the evaluation set name 'a/b' cannot be a TensorBoard run name "
+     "(`eval/a/b`): use letters, digits, `_`, `-` and `.`, starting with a "
+     "letter or a digit."),
+    (dict(eval_sets="clean"),
+     "`trainer.eval_sets` ('clean') must be a tuple of set names, e.g. "
+     "(\"clean\",)."),
+    (dict(eval_sets=()),
+     "`trainer.eval_sets` (()) must be a tuple of set names, e.g. "
+     "(\"clean\",)."),
+    (dict(held_out_sets=("test set",)),
+     "the evaluation set name 'test set' cannot be a TensorBoard run name "
+     "(`eval/test set`): use letters, digits, `_`, `-` and `.`, starting "
+     "with a letter or a digit."),
+    (dict(held_out_sets=("test",),
+          best_checkpoint=actions.BestCheckpointConfig(
+              metric="test/accuracy", higher_is_better=True)),
+     "`best_checkpoint.metric` ('test/accuracy') is a result of the held-out "
+     "set 'test' (`trainer.held_out_sets`), which is evaluated and reported "
+     "but never judged: judge by another set's result."),
+    (dict(held_out_sets=["test"],
+          early_stopping=actions.EarlyStoppingConfig(
+              metric="test/loss", higher_is_better=False)),
+     "`early_stopping.metric` ('test/loss') is a result of the held-out set "
+     "'test' (`trainer.held_out_sets`), which is evaluated and reported but "
+     "never judged: judge by another set's result."),
     (dict(preemption_grace_seconds="25"),
      "`trainer.preemption_grace_seconds` ('25') must be a positive number "
      "of seconds, below the scheduler's grace period before SIGKILL."),
@@ -55,6 +84,18 @@ def test_bad_values_are_one_clear_line(overrides, message):
   # Gin adds a line naming the configurable; the command line keeps the
   # first.
   assert str(raised.value).splitlines()[0] == message
+
+
+def test_eval_set_settings_and_the_steps_each_evaluation_asks():
+  config = _config(validation_steps={"clean": 3}, eval_sets=["clean"],
+                   held_out_sets=["test"],
+                   best_checkpoint=actions.BestCheckpointConfig(
+                       metric="clean/accuracy", higher_is_better=True))
+  assert (config.eval_sets, config.held_out_sets) == (("clean",), ("test",))
+  assert config.eval_steps == -1  # Each set's own count, by the evaluator.
+  assert _config(validation_steps=5).eval_steps == 5
+  assert _config().eval_steps == -1
+  assert (_config().eval_sets, _config().held_out_sets) == (None, ())
 
 
 def test_sub_configurations_default_and_profile_steps_become_a_tuple():

@@ -365,3 +365,126 @@ def test_a_resume_at_a_huge_rate_meets_the_nonfinite_guard(tmp_path):
     experiment.run(task, "train", model_dir, _runtime(),
                    _sgd(1e6, train_steps=40))
   assert 20 < raised.value.step < 40  # Resumed at 20; trains to 40.
+
+
+# Named evaluation sets.
+
+
+class _RegressionSets(helpers.LinearRegression):
+  """The regression evaluated on sets made from its eval split by name."""
+
+  def __init__(self, sets):
+    super().__init__()
+    self.sets = sets  # name -> (eval dataset -> the set's dataset)
+
+  def build_inputs(self, training, input_context=None):
+    dataset = super().build_inputs(training, input_context)
+    if training:
+      return dataset
+    return {name: make(dataset) for name, make in self.sets.items()}
+
+
+_TWO_SETS = {"clean": lambda ds: ds, "noisy": lambda ds: ds.take(100)}
+
+
+def _best(metric):
+  return trainer.actions.BestCheckpointConfig(metric=metric,
+                                              higher_is_better=False)
+
+
+@pytest.mark.parametrize("sets,overrides,message", [
+    ({"clean": lambda ds: ds, "empty": lambda ds: ds.take(0)}, {},
+     "the evaluation set 'empty' is empty."),
+    ({}, {},
+     "`build_inputs(training=False)` returned no evaluation set (an empty "
+     "dict): return a dataset, or a dict of datasets by name."),
+    ({"clean": lambda ds: ds, "out/domain": lambda ds: ds}, {},
+     "the evaluation set name 'out/domain' cannot be a TensorBoard run name "
+     "(`eval/out/domain`): use letters, digits, `_`, `-` and `.`, starting "
+     "with a letter or a digit."),
+    (_TWO_SETS, dict(best_checkpoint=_best("mae")),
+     "`best_checkpoint.metric` ('mae') names no evaluation set: results are "
+     "named `<set>/<metric>` (e.g. 'clean/mae'), and the sets are: clean, "
+     "noisy."),
+    (_TWO_SETS, dict(best_checkpoint=_best("test/mae")),
+     "`best_checkpoint.metric` ('test/mae') names no evaluation set: "
+     "results are named `<set>/<metric>` (e.g. 'clean/mae'), and the sets "
+     "are: clean, noisy."),
+    (_TWO_SETS, dict(held_out_sets=("test",)),
+     "`trainer.held_out_sets` names 'test', which is not an evaluation set "
+     "of the Task; its sets are: clean, noisy."),
+    (_TWO_SETS, dict(validation_steps={"noisy": 3}),
+     "`trainer.validation_steps` (3) is more than the 2 batch(es) of the "
+     "evaluation set 'noisy'; use -1 for one full pass."),
+    (_TWO_SETS, dict(eval_sets=("noisy",), best_checkpoint=_best("clean/mae")),
+     "`best_checkpoint.metric` ('clean/mae') is a result of the set 'clean', "
+     "which `trainer.eval_sets` (noisy) leaves out: evaluate it too, or "
+     "judge by a set evaluated."),
+], ids=["empty set", "no set", "bad name", "metric of no set",
+        "metric of an unknown set", "unknown held-out set", "steps of a set",
+        "metric of a set not evaluated"])
+def test_bad_eval_sets_are_one_line_and_write_nothing(tmp_path, sets,
+                                                      overrides, message):
+  model_dir = tmp_path / "run"
+  with pytest.raises(trainer.ConfigError) as raised:
+    experiment.run(_RegressionSets(sets), "train_and_eval", str(model_dir),
+                   _runtime(), _config(**overrides))
+  assert str(raised.value) == message
+  assert not model_dir.exists()
+
+
+def test_a_held_out_sets_metric_is_refused_with_the_settings(tmp_path):
+  with pytest.raises(trainer.ConfigError) as raised:
+    _config(held_out_sets=("noisy",), best_checkpoint=_best("noisy/mae"))
+  assert str(raised.value).splitlines()[0] == (
+      "`best_checkpoint.metric` ('noisy/mae') is a result of the held-out set "
+      "'noisy' (`trainer.held_out_sets`), which is evaluated and reported "
+      "but never judged: judge by another set's result.")
+
+
+def test_a_named_set_empty_at_run_time_is_named(tmp_path):
+  sets = {"clean": lambda ds: ds,
+          "noisy": lambda ds: ds.filter(lambda x, y: False)}
+  with pytest.raises(trainer.ConfigError) as raised:
+    experiment.run(_RegressionSets(sets), "train_and_eval", str(tmp_path),
+                   _runtime(), _config())
+  assert str(raised.value) == (
+      "the evaluation set 'noisy' yielded no example (filtered out "
+      "entirely?); `build_inputs(training=False)` must return some.")
+
+
+def test_continuous_eval_evaluates_every_set_of_every_checkpoint(tmp_path):
+  model_dir = str(tmp_path)
+  task = _RegressionSets(_TWO_SETS)
+  experiment.run(task, "train", model_dir, _runtime(), _config())
+  config = _config(continuous_eval_timeout=5, held_out_sets=("noisy",),
+                   best_checkpoint=_best("clean/mae"),
+                   early_stopping=trainer.actions.EarlyStoppingConfig(
+                       metric="clean/loss",
+                       higher_is_better=False))
+  output = experiment.run(task, "continuous_eval", model_dir, _runtime(),
+                          config)
+  with open(tmp_path / "eval" / "evaluated.json") as f:
+    record = json.load(f)
+  assert record["steps"] == [10, 20]
+  assert sorted(record["results"]["20"]) == ["clean/loss", "clean/mae",
+                                             "noisy/loss", "noisy/mae"]
+  assert record["results"]["20"] == pytest.approx(output)
+  for name in ("clean", "noisy"):
+    scalars = helpers.read_scalars(os.path.join(model_dir, "eval", name))
+    assert scalars["mae"] == [
+        (step, pytest.approx(record["results"][str(step)][f"{name}/mae"]))
+        for step in (10, 20)]
+  # The held-out set is evaluated and reported; the best follows clean.
+  with open(tmp_path / "best" / "best.json") as f:
+    best = json.load(f)
+  clean = {int(step): results["clean/mae"]
+           for step, results in record["results"].items()}
+  assert best["metric"] == "clean/mae"
+  assert best["value"] == pytest.approx(min(clean.values()))
+  with open(tmp_path / "early_stopping.json") as f:
+    stopping = json.load(f)
+  assert stopping["metric"] == "clean/loss"
+  assert stopping["values"] == {
+      str(step): pytest.approx(record["results"][str(step)]["clean/loss"])
+      for step in (10, 20)}

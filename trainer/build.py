@@ -15,7 +15,7 @@ objects:
 
 import dataclasses
 import os
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import tensorflow as tf
 import tf_keras
@@ -101,12 +101,18 @@ class Parts:
     state: The model, optimizer and global step.
     checkpoint: What checkpoints hold (`checkpoint_items`).
     trainer: Orbit trainer, when training.
-    evaluator: Orbit evaluator, when evaluating.
+    evaluator: Orbit evaluator, when evaluating: a `SetsEvaluator` where
+      the Task returns named evaluation sets.
     resume_input_fn: Skips consumed input on resume where the iterator is
       not in the checkpoint; None otherwise.
     restarts_input: Whether a resumed run reads the training input from
       its start.
     features_spec: The eval input's features, for export signatures.
+    eval_set_names: The named evaluation sets evaluated, in order; () for
+      a Task's one unnamed set (or no evaluation).
+    eval_inputs: Each evaluation set's input by name (`{None: input}` for
+      a Task's one unnamed set); None where nothing is evaluated or
+      exported.
   """
   task: task_lib.Task
   config: config_lib.TrainerConfig
@@ -117,10 +123,14 @@ class Parts:
   state: state_lib.TrainState
   checkpoint: Optional[tf.train.Checkpoint] = None
   trainer: Optional[runners.TaskTrainer] = None
-  evaluator: Optional[evaluator_lib.TaskEvaluator] = None
+  evaluator: Optional[Union[evaluator_lib.TaskEvaluator,
+                            evaluator_lib.SetsEvaluator]] = None
   resume_input_fn: Optional[Callable[[int], int]] = None
   restarts_input: bool = False
   features_spec: Any = None
+  eval_set_names: Tuple[str, ...] = ()
+  eval_inputs: Optional[Dict[Optional[str],
+                             inputs_lib.DistributedInput]] = None
 
   def export(self, directory: str) -> None:
     """Writes a serving SavedModel (EMA weights, if any) to `directory`: of
@@ -224,8 +234,11 @@ def parts(task: task_lib.Task, mode: str, setup: Process,
               f"{worker.worker_index} of {worker.num_workers}")
   # Before the inputs, which start TensorFlow's devices.
   pipeline.set_up(config.pipeline, runtime)
-  train_input, eval_input = inputs_lib.for_mode(
+  train_input, eval_inputs = inputs_lib.for_mode(
       task, strategy, config, runtime, worker, training, evaluating)
+  # Named sets are checked to hold examples of one kind by the model.
+  eval_input = next(iter(eval_inputs.values())) if eval_inputs else None
+  set_names = tuple(name for name in eval_inputs or () if name is not None)
   built_state = state(task, setup,
                       (train_input or eval_input).element_spec,
                       config, training=training, replica_factor=replica_factor)
@@ -236,7 +249,9 @@ def parts(task: task_lib.Task, mode: str, setup: Process,
   found = Parts(
       task=task, config=config, runtime=runtime, worker=worker,
       training=training, evaluating=evaluating, state=built_state,
-      features_spec=eval_input.dataset.element_spec[0] if eval_input else None)
+      features_spec=eval_input.dataset.element_spec[0] if eval_input else None,
+      eval_set_names=set_names if evaluating else (),
+      eval_inputs=eval_inputs)
   position = None
   if training:
     found.trainer = trainer(task, built_state, train_input, config, runtime)
@@ -246,13 +261,31 @@ def parts(task: task_lib.Task, mode: str, setup: Process,
       found.resume_input_fn = found.trainer.skip_input
     found.restarts_input = position == "restart"
   if evaluating:
-    found.evaluator = evaluator_lib.TaskEvaluator(
-        task, built_state.model, strategy, eval_input,
-        built_state.global_step, run_eagerly=runtime.run_eagerly,
-        weights=built_state.averaged_weights)
+    found.evaluator = _evaluator(task, built_state, eval_inputs, config,
+                                 runtime)
   found.checkpoint = tf.train.Checkpoint(**checkpoint_items(
       built_state, found.trainer, with_input=position == "checkpoint"))
   return found
+
+
+def _evaluator(task: task_lib.Task, built_state: state_lib.TrainState,
+               eval_inputs: Dict[Optional[str], inputs_lib.DistributedInput],
+               config: config_lib.TrainerConfig,
+               runtime: runtime_lib.RuntimeConfig):
+  """The Orbit evaluator: of the Task's one unnamed set, or one evaluator a
+  named set, each with its own metrics, under one `SetsEvaluator`."""
+  if list(eval_inputs) == [None]:
+    return evaluator_lib.TaskEvaluator(
+        task, built_state.model, built_state.strategy, eval_inputs[None],
+        built_state.global_step, run_eagerly=runtime.run_eagerly,
+        weights=built_state.averaged_weights)
+  return evaluator_lib.SetsEvaluator(
+      {name: evaluator_lib.TaskEvaluator(
+          task, built_state.model, built_state.strategy, eval_input,
+          built_state.global_step, run_eagerly=runtime.run_eagerly,
+          set_name=name)
+       for name, eval_input in eval_inputs.items()},
+      steps=config.validation_steps, weights=built_state.averaged_weights)
 
 
 def _report_placement(built_state: state_lib.TrainState,
@@ -347,6 +380,12 @@ def controller(built: Parts, write_dir: str, *,
       checkpoint_manager=manager,
       eval_summary_dir=(os.path.join(write_dir, "eval")
                         if built.evaluating else None),
+      # Named sets: one TensorBoard run each, `eval/<set>`.
+      eval_summary_manager=(
+          summaries.RunsSummaryManager(os.path.join(write_dir, "eval"),
+                                       built.eval_set_names,
+                                       train_state.global_step)
+          if built.eval_set_names else None),
       options=controller_lib.ControllerOptions(
           checkpoint_interval=config.checkpoint_interval if saves else None,
           restore_dir=restore_dir, partial_restore=not training,
@@ -436,9 +475,17 @@ def _eval_actions(built: Parts, restored_path: Callable[[], Optional[str]],
         export_fn=built.export if built.config.export.best else None))
   if stopper is not None:
     chosen.append(stopper)
-  chosen.append(actions.EvalImagesWriter(
-      os.path.join(write_dir, "eval"), lambda: built.evaluator.images,
-      step_fn=built.state.step))
+  if built.eval_set_names:  # Each set's in its own run.
+    chosen.extend(
+        actions.EvalImagesWriter(
+            os.path.join(write_dir, "eval", name),
+            lambda name=name: built.evaluator.evaluators[name].images,
+            step_fn=built.state.step)
+        for name in built.eval_set_names)
+  else:
+    chosen.append(actions.EvalImagesWriter(
+        os.path.join(write_dir, "eval"), lambda: built.evaluator.images,
+        step_fn=built.state.step))
   if built.training:
     chosen.append(actions.EvaluatedStepRecorder(write_dir,
                                                 step_fn=built.state.step))

@@ -16,6 +16,7 @@ import gin
 
 from trainer import actions
 from trainer import checks
+from trainer.data import eval_sets as eval_sets_lib
 from trainer.data import mixture as mixture_lib
 from trainer.distribute import pipeline as pipeline_lib
 from trainer.loop.control import profiler
@@ -48,7 +49,9 @@ class TrainerConfig:
       micro-batches): what one optimizer update sees.
     eval_batch_size: Evaluation examples per step over all replicas.
     validation_steps: Eval batches per evaluation; -1 is one full pass over
-      the eval split, partial last batch included.
+      the eval split, partial last batch included. With named evaluation
+      sets, one count for every set, or a dict of counts by set name
+      (`{"clean": 10}`; a set it does not name gets a full pass).
     validation_interval: Evaluate at every multiple of this step in
       `train_and_eval`; 0 evaluates only at the end.
     checkpoint_interval: Save when the step reaches a multiple of this; a
@@ -58,9 +61,16 @@ class TrainerConfig:
     max_to_keep: Newest checkpoints kept.
     keep_until_evaluated: Delete a checkpoint beyond `max_to_keep` only once
       a `continuous_eval` process has evaluated it (it records the steps it
-      evaluated in `model_dir/eval/evaluated.json`).
+      evaluated in `model_dir/eval/evaluated.json`; with named evaluation
+      sets, once every set is evaluated).
     continuous_eval_timeout: `continuous_eval` gives up after waiting this
       many seconds for a new checkpoint.
+    eval_sets: The named evaluation sets every evaluation evaluates (of
+      every mode), e.g. `("clean",)`; None: all the sets the Task returns.
+    held_out_sets: Named evaluation sets that are evaluated and reported
+      but never judged (a test set): `best_checkpoint.metric`,
+      `early_stopping.metric` and a sweep's `--metric` may not name their
+      results.
     input_position: How a restarted run finds its place in the training
       input. "checkpoint": the iterator is in the checkpoint (exact; where it
       cannot be saved, or with several workers, "skip" instead); "skip":
@@ -136,13 +146,15 @@ class TrainerConfig:
   steps_per_loop: int = 100
   global_batch_size: int = 64
   eval_batch_size: int = 256
-  validation_steps: int = -1
+  validation_steps: eval_sets_lib.Steps = -1
   validation_interval: int = 0
   checkpoint_interval: int = 1000
   summary_interval: int = 100
   max_to_keep: int = 5
   keep_until_evaluated: bool = False
   continuous_eval_timeout: float = 3600.0
+  eval_sets: Optional[Tuple[str, ...]] = None
+  held_out_sets: Tuple[str, ...] = ()
   input_position: str = "checkpoint"
   mixture: Optional[Dict[str, float]] = None
   mixture_schedule: Optional[Dict[int, Dict[str, float]]] = None
@@ -179,6 +191,7 @@ class TrainerConfig:
                               self.learning_rate_multipliers)
     checks.field_types("trainer", self)
     self._check_loop()
+    self._check_eval_sets()
     self._check_recovery()
     checks.require(
         not self.export.best or self.best_checkpoint.metric is not None,
@@ -191,10 +204,7 @@ class TrainerConfig:
                  "eval_batch_size", "checkpoint_interval", "summary_interval",
                  "max_to_keep", "gradient_accumulation_steps"):
       checks.positive(f"trainer.{name}", getattr(self, name))
-    checks.require(
-        self.validation_steps > 0 or self.validation_steps == -1,
-        f"`trainer.validation_steps` ({self.validation_steps}) must be "
-        "positive, or -1 for a full pass.")
+    eval_sets_lib.check_steps(self.validation_steps)
     checks.at_least("trainer.validation_interval", self.validation_interval,
                     0)
     for name in ("summary_interval", "checkpoint_interval",
@@ -228,6 +238,39 @@ class TrainerConfig:
     profiler.check_steps(self.profile_steps)
     if self.profile_steps is not None:
       object.__setattr__(self, "profile_steps", tuple(self.profile_steps))
+
+  def _check_eval_sets(self) -> None:
+    """Checks the settings naming evaluation sets (the Task's sets are
+    checked against them once it returns them), and that no judged metric
+    is a held-out set's."""
+    for name in ("eval_sets", "held_out_sets"):
+      given = getattr(self, name)
+      if given is None and name == "eval_sets":
+        continue
+      checks.require(
+          isinstance(given, (tuple, list)) and
+          (len(given) > 0 or name == "held_out_sets"),
+          f"`trainer.{name}` ({given!r}) must be a tuple of set names, e.g. "
+          "(\"clean\",).")
+      for set_name in given:
+        eval_sets_lib.check_name(set_name)
+      object.__setattr__(self, name, tuple(given))
+    if isinstance(self.validation_steps, dict):
+      for set_name in self.validation_steps:
+        eval_sets_lib.check_name(set_name)
+    judged = {"best_checkpoint.metric": self.best_checkpoint.metric,
+              "early_stopping.metric": self.early_stopping.metric}
+    for setting, metric in judged.items():
+      eval_sets_lib.check_judged(setting, metric, self.held_out_sets)
+
+  @property
+  def eval_steps(self) -> int:
+    """The batches each evaluation asks of every set (the controller's
+    `evaluate(steps)`): `validation_steps`, or -1 where it counts them by
+    set (the evaluator then takes each set's own)."""
+    if isinstance(self.validation_steps, int):
+      return self.validation_steps
+    return -1
 
   def _check_recovery(self) -> None:
     """Checks what non-finite losses and preemptions do."""

@@ -227,7 +227,7 @@ def _run_mode(parts: build.Parts, controller: controller_lib.Controller,
   config = parts.config
   start_step = controller.step
   if mode == "eval":
-    return controller.evaluate(config.validation_steps)
+    return controller.evaluate(config.eval_steps)
   if mode == "continuous_eval":
     return _evaluate_continuously(controller, model_dir, config,
                                   early_stopping)
@@ -241,12 +241,12 @@ def _run_mode(parts: build.Parts, controller: controller_lib.Controller,
       # evaluation (and a best checkpoint it may make) is not lost.
       console.info(f"eval | step {controller.step} was saved but not "
                    "evaluated: evaluating it first")
-      caught_up = controller.evaluate(config.validation_steps)
+      caught_up = controller.evaluate(config.eval_steps)
     output = controller.train_and_evaluate(
-        config.train_steps, config.validation_steps,
+        config.train_steps, config.eval_steps,
         eval_interval=config.validation_interval or None)
     if output is None:  # Nothing (more) trained: the last evaluation.
-      output = caught_up or controller.evaluate(config.validation_steps)
+      output = caught_up or controller.evaluate(config.eval_steps)
   directory = None
   if config.export.at_end:
     directory = os.path.join(write_dir, "export", str(controller.step))
@@ -285,7 +285,7 @@ def _evaluate_continuously(
 
   def evaluate(prefix: str):
     controller.restore_checkpoint(prefix)
-    return controller.step, controller.evaluate(config.validation_steps)
+    return controller.step, controller.evaluate(config.eval_steps)
 
   return continuous_eval.run(
       model_dir, evaluate, config.train_steps,

@@ -16,6 +16,27 @@ def test_write_scalars_reads_back(tmp_path):
                                                  "accuracy": [(7, 0.25)]}
 
 
+def test_each_named_set_is_a_run_of_its_own(tmp_path):
+  assert summaries.by_run(
+      {"clean/accuracy": 0.5, "noisy/accuracy": 0.25, "clean/loss": 1.0,
+       "steps_per_second": 9.0, "other/x": 2.0}, ("clean", "noisy")) == {
+           "clean": {"accuracy": 0.5, "loss": 1.0},
+           "noisy": {"accuracy": 0.25}, "steps_per_second": 9.0,
+           "other/x": 2.0}
+  step = tf.Variable(12, dtype=tf.int64)
+  manager = summaries.RunsSummaryManager(str(tmp_path), ("clean", "noisy"),
+                                         step)
+  manager.write_summaries({"clean/accuracy": 0.5, "noisy/accuracy": 0.25,
+                           "steps_per_second": 9.0})
+  manager.flush()
+  assert helpers.read_scalars(str(tmp_path / "clean")) == {
+      "accuracy": [(12, 0.5)]}
+  assert helpers.read_scalars(str(tmp_path / "noisy")) == {
+      "accuracy": [(12, 0.25)]}
+  assert helpers.read_scalars(str(tmp_path)) == {"steps_per_second":
+                                                 [(12, 9.0)]}
+
+
 def test_operative_config_file_and_text_summary(tmp_path):
   @gin.configurable("probe")
   def probe(value=1):

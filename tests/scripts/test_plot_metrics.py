@@ -88,6 +88,27 @@ def test_read_run_errors(tmp_path):
     plot_metrics.read_run(str(tmp_path))
 
 
+def test_named_eval_sets_are_read_as_set_and_metric(tmp_path):
+  # Each named evaluation set is a run of its own under eval/.
+  write_events(str(tmp_path / "train"), BETA_TRAIN)
+  write_events(str(tmp_path / "eval" / "clean"), ALPHA_EVAL)
+  write_events(str(tmp_path / "eval" / "noisy"), {"accuracy": [(20, 0.25)]})
+  write_events(str(tmp_path / "eval"), {"steps_per_second": [(20, 4.0)]})
+  (tmp_path / "eval" / "images").mkdir()  # PNGs, no event file.
+  run = plot_metrics.read_run(str(tmp_path))
+  assert run["eval"] == {"steps_per_second": [(20, 4.0)],
+                         "clean/loss": ALPHA_EVAL["loss"],
+                         "clean/accuracy": ALPHA_EVAL["accuracy"],
+                         "noisy/accuracy": [(20, 0.25)]}
+  assert plot_metrics.panel_names({"run": run}) == [
+      "loss", "clean/accuracy", "clean/loss", "noisy/accuracy"]
+  # A run with named sets only has event files under eval/<set>/.
+  only_sets = tmp_path / "only_sets"
+  write_events(str(only_sets / "eval" / "clean"), ALPHA_EVAL)
+  assert plot_metrics.read_run(str(only_sets))["eval"]["clean/loss"] == (
+      ALPHA_EVAL["loss"])
+
+
 def test_run_labels():
   assert plot_metrics.run_labels(["runs/a", "old/a/", "runs/b"]) == [
       "runs/a", "old/a", "b"]

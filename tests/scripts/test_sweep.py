@@ -627,6 +627,13 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
            "--metric=accuracy", "--launcher=no-such-launcher -n2"],
           "sweep.py: error: --launcher='no-such-launcher -n2': "
           "no-such-launcher is not a program on PATH."),
+      "held-out metric": (
+          ["--space=optimizer.learning_rate=[0.01, 0.001]",
+           "--metric=test/accuracy",
+           "--gin_param=trainer.held_out_sets=('test',)"],
+          "sweep.py: error: `--metric` ('test/accuracy') is a result of the "
+          "held-out set 'test' (`trainer.held_out_sets`), which is evaluated "
+          "and reported but never judged: judge by another set's result."),
       "metric not produced": (
           ["--space=optimizer.learning_rate=[0.01, 0.001]", "--metric=f1"],
           "sweep.py: error: --metric=f1 is not a result of the task's "

@@ -11,7 +11,7 @@ split path measured slightly faster than a distributed iterator.
 """
 
 import functools
-from typing import Callable, Mapping, Optional, Tuple
+from typing import Callable, Dict, Mapping, Optional, Tuple
 import weakref
 
 import tensorflow as tf
@@ -19,6 +19,7 @@ import tensorflow as tf
 from trainer import console
 from trainer import errors
 from trainer import graph_code
+from trainer.data import eval_sets
 from trainer.data import mixture as mixture_lib
 from trainer.data import service as data_service
 from trainer.distribute import cluster
@@ -332,18 +333,25 @@ def check_unbatched(element_spec) -> None:
         "`trainer.eval_batch_size`).")
 
 
-def check_validation_steps(validation_steps: int, num_batches: int) -> None:
+def check_validation_steps(validation_steps: int, num_batches: int,
+                           set_name: Optional[str] = None) -> None:
   """Raises if `validation_steps` asks for more than `num_batches` (the eval
   set's batches, when known: >= 0); -1 (a full pass) never does.
+
+  Args:
+    validation_steps: The batches asked for.
+    num_batches: The batches the set has; negative when unknown.
+    set_name: The evaluation set's name; None for the unnamed one.
 
   Raises:
     errors.ConfigError: Naming the setting and the eval set's size.
   """
   if 0 <= num_batches < validation_steps:
+    dataset = ("the evaluation dataset" if set_name is None else
+               f"the evaluation set {set_name!r}")
     raise errors.ConfigError(
         f"`trainer.validation_steps` ({validation_steps}) is more than the "
-        f"{num_batches} batch(es) of the evaluation dataset; use -1 for one "
-        "full pass.")
+        f"{num_batches} batch(es) of {dataset}; use -1 for one full pass.")
 
 
 def _check_not_empty(dataset: tf.data.Dataset, min_examples: int,
@@ -396,8 +404,8 @@ def is_checkpointable(dataset: tf.data.Dataset) -> bool:
 
 def for_task(task: task_lib.Task, training: bool,
              strategy: tf.distribute.Strategy, config, runtime,
-             worker: cluster.WorkerInfo = cluster.WorkerInfo()
-             ) -> DistributedInput:
+             worker: cluster.WorkerInfo = cluster.WorkerInfo(),
+             dataset_fn: Optional[DatasetFn] = None) -> DistributedInput:
   """Builds this worker's training or evaluation input for `task`.
 
   Training input pipelines each read their own shard; every worker
@@ -413,13 +421,15 @@ def for_task(task: task_lib.Task, training: bool,
     config: A `trainer.TrainerConfig` (the batch sizes).
     runtime: A `trainer.RuntimeConfig` (the pipeline's threads).
     worker: This process's place among the workers.
+    dataset_fn: Returns the examples, in place of `task.build_inputs`
+      (one named evaluation set of several, say).
   """
 
   def preprocess(batch, seed):
     return task.preprocess_batch(batch, training, seed)
 
   return DistributedInput(
-      strategy, lambda ctx: task.build_inputs(training, ctx),
+      strategy, dataset_fn or (lambda ctx: task.build_inputs(training, ctx)),
       config.global_batch_size if training else config.eval_batch_size,
       training=training,
       batch_size_name=("trainer.global_batch_size" if training else
@@ -443,15 +453,21 @@ def for_task(task: task_lib.Task, training: bool,
 def for_mode(task: task_lib.Task, strategy: tf.distribute.Strategy, config,
              runtime, worker: cluster.WorkerInfo, training: bool,
              evaluating: bool
-             ) -> Tuple[Optional[DistributedInput], Optional[DistributedInput]]:
+             ) -> Tuple[Optional[DistributedInput],
+                        Optional[Dict[Optional[str], DistributedInput]]]:
   """Builds the train and eval inputs a mode needs (None for the other), and
   says where the training input comes from.
 
+  Returns:
+    The training input, and the evaluation sets' inputs by name: `{None:
+    input}` for a Task's one unnamed set (`trainer.data.eval_sets`).
+
   Raises:
     errors.ConfigError: For `trainer.validation_steps` beyond a known eval
-      set, or a tf.data service that cannot be reached.
+      set, an empty or badly named eval set, or a tf.data service that
+      cannot be reached.
   """
-  train_input = eval_input = None
+  train_input = eval_inputs = None
   if training:
     if runtime.data_service:
       data_service.check_reachable(runtime)
@@ -466,8 +482,60 @@ def for_mode(task: task_lib.Task, strategy: tf.distribute.Strategy, config,
     if train_input.mixture is not None:
       console.info(f"mixture | {train_input.mixture.describe()}")
   if evaluating or config.export.at_end:
-    eval_input = for_task(task, False, strategy, config, runtime, worker)
-    if evaluating:  # -1 (UNKNOWN) or -2 (INFINITE): checked as it runs.
-      check_validation_steps(config.validation_steps,
-                             int(eval_input.dataset.cardinality()))
-  return train_input, eval_input
+    eval_inputs = for_eval_sets(task, strategy, config, runtime, worker)
+    for name, eval_input in eval_inputs.items() if evaluating else ():
+      # -1 (UNKNOWN) or -2 (INFINITE): checked as it runs.
+      check_validation_steps(
+          eval_sets.steps_for(config.validation_steps, name),
+          int(eval_input.dataset.cardinality()), name)
+  return train_input, eval_inputs
+
+
+def for_eval_sets(task: task_lib.Task, strategy: tf.distribute.Strategy,
+                  config, runtime,
+                  worker: cluster.WorkerInfo = cluster.WorkerInfo()
+                  ) -> Dict[Optional[str], DistributedInput]:
+  """Builds the input of each evaluation set `trainer.eval_sets` chooses
+  (all by default), by name: `{None: input}` for a Task whose
+  `build_inputs(training=False)` returns one dataset.
+
+  `build_inputs` is called once for all the sets; a set's input built
+  again (a parameter-server worker's) calls it again and takes its set.
+
+  Raises:
+    errors.ConfigError: For an empty dict, an empty set, a name that cannot
+      be a TensorBoard run, a setting naming a set there is not, or a
+      judged metric (`best_checkpoint.metric`, `early_stopping.metric`) of
+      no set or of a set not evaluated.
+  """
+  # The context `for_task` gives an evaluation input: every worker reads
+  # the whole of every set.
+  context = tf.distribute.InputContext(
+      num_input_pipelines=1, input_pipeline_id=0,
+      num_replicas_in_sync=strategy.num_replicas_in_sync)
+  found = task.build_inputs(False, context)
+  named = isinstance(found, Mapping)
+  unused = dict(found) if named else {None: found}
+  eval_sets.check_names(
+      list(unused), config.held_out_sets, config.eval_sets,
+      config.validation_steps,
+      judged={"best_checkpoint.metric": config.best_checkpoint.metric,
+              "early_stopping.metric": config.early_stopping.metric})
+
+  def set_fn(name: Optional[str]) -> DatasetFn:
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+      if name in unused:
+        return unused.pop(name)
+      again = task.build_inputs(False, ctx)
+      return again[name] if named else again
+    return dataset_fn
+
+  built = {}
+  for name in eval_sets.chosen_names(list(unused), config.eval_sets):
+    dataset = unused[name]
+    if (named and isinstance(dataset, tf.data.Dataset) and
+        tf.executing_eagerly() and int(dataset.cardinality()) == 0):
+      raise errors.ConfigError(f"the evaluation set {name!r} is empty.")
+    built[name] = for_task(task, False, strategy, config, runtime, worker,
+                           dataset_fn=set_fn(name))
+  return built

@@ -9,7 +9,7 @@ Model Garden's `official.core.base_task.Task`, so its users recognise them.
 
 import dataclasses
 import functools
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import tensorflow as tf
 import tf_keras
@@ -53,9 +53,17 @@ class Task:
   def build_inputs(
       self, training: bool,
       input_context: Optional[tf.distribute.InputContext] = None
-  ) -> tf.data.Dataset:
+  ) -> Union[tf.data.Dataset, Dict[str, tf.data.Dataset]]:
     """Returns a dataset of single examples; the framework batches it, then
     applies `preprocess_batch` to each batch.
+
+    For evaluation it may return several named sets, `{"clean": ds1,
+    "noisy": ds2}`: every evaluation evaluates each with fresh metrics
+    (`build_metrics`, `validation_step`, `aggregate_logs` and
+    `reduce_aggregated_logs` per set), its results are named
+    `<set>/<metric>` (`clean/accuracy`) and its summaries go to
+    `eval/<set>` (see `trainer.data.eval_sets`). A name is letters, digits,
+    `_`, `-` and `.`.
 
     Args:
       training: True for the training split (the framework repeats it; it

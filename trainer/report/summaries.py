@@ -2,10 +2,11 @@
 operative gin config."""
 
 import os
-from typing import Mapping, Optional, Union
+from typing import Dict, Mapping, Optional, Sequence, Union
 
 import gin
 import numpy as np
+import orbit
 import tensorflow as tf
 
 from trainer.storage import files
@@ -36,6 +37,37 @@ class LazyWriter:
     if self._writer is None:
       self._writer = tf.summary.create_file_writer(self.log_dir)
     return self._writer
+
+
+class RunsSummaryManager(orbit.utils.SummaryManager):
+  """Orbit's summary manager (scalars at the global step) that writes a
+  result named `<run>/<tag>`, for each of `runs`, as `tag` in its own
+  TensorBoard run, `summary_dir/<run>`: the same tag of every run in one
+  chart, one curve a run (named evaluation sets: `eval/clean`,
+  `eval/noisy`). Other results go to `summary_dir` itself."""
+
+  def __init__(self, summary_dir: str, runs: Sequence[str],
+               global_step: tf.Variable):
+    super().__init__(summary_dir, tf.summary.scalar, global_step=global_step)
+    self._runs = tuple(runs)
+
+  def write_summaries(self, summary_dict: Mapping[str, object]) -> None:
+    super().write_summaries(by_run(summary_dict, self._runs))
+
+
+def by_run(results: Mapping[str, object], runs: Sequence[str]
+           ) -> Dict[str, object]:
+  """`{"clean/accuracy": a, "steps_per_second": s}` -> `{"clean":
+  {"accuracy": a}, "steps_per_second": s}` for `runs` ("clean"): the nested
+  form Orbit's summary manager writes one run (subdirectory) a key of."""
+  nested: Dict[str, object] = {}
+  for name, value in results.items():
+    run, _, tag = name.partition("/")
+    if tag and run in runs:
+      nested.setdefault(run, {})[tag] = value
+    else:
+      nested[name] = value
+  return nested
 
 
 # What summaries are written through.

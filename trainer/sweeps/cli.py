@@ -20,6 +20,7 @@ import optuna
 from trainer import cli
 from trainer import console
 from trainer import errors
+from trainer.data import eval_sets
 from trainer.sweeps import checks
 from trainer.sweeps import hparams
 from trainer.sweeps import locks
@@ -186,6 +187,8 @@ def prepare(sweep_dir: str, ahead: Optional[warm.Ahead] = None):
   try:
     config = checks.load_trial_configs(FLAGS.gin_file, FLAGS.gin_param,
                                        space)
+    # A held-out set's result (a test set) never chooses a trial.
+    eval_sets.check_judged("--metric", FLAGS.metric, config.held_out_sets)
     if exists:
       study_lib.check_identity(
           study_lib.load(sweep_dir, FLAGS.storage, repair=False), wanted,

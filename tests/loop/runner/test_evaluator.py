@@ -1,12 +1,18 @@
 """`TaskEvaluator`: whole-set eval aggregation (Model Garden's contract) and
 evaluation on EMA weights."""
 
+import contextlib
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import trainer
+from trainer import build
 from trainer import experiment
+from trainer.loop.runner import evaluator as evaluator_lib
+from trainer.storage import evaluated
 from trainer.model import ema as ema_lib
 from trainer.model import optimization
 from tasks import digits
@@ -116,3 +122,140 @@ def test_evaluation_uses_the_ema_weights(tmp_path, strategy):
   by_hand = float(tf.reduce_mean(task.build_losses(labels, model(features))))
   assert output["loss"] == pytest.approx(by_hand, rel=1e-5)
   assert abs(raw["loss"] - output["loss"]) > 1e-3
+
+
+# Named evaluation sets.
+
+
+class _FakeSetEvaluator:
+  """A set's evaluator: fixed results, the steps it was asked for."""
+
+  def __init__(self, results, images=None, fails=False):
+    self.results = results
+    self.images = images or {}
+    self.fails = fails
+    self.asked = []
+
+  def evaluate(self, num_steps):
+    self.asked.append(int(num_steps))
+    if self.fails:
+      raise trainer.RunError("an input file of this set is damaged")
+    return dict(self.results)
+
+
+def test_every_set_is_evaluated_and_its_results_named_by_it():
+  clean = _FakeSetEvaluator({"accuracy": 0.75, "loss": 0.5},
+                            images={"worst": np.zeros([2, 2, 1])})
+  noisy = _FakeSetEvaluator({"accuracy": 0.25, "loss": 2.0})
+  entered = []
+
+  @contextlib.contextmanager
+  def weights():
+    entered.append("in")
+    yield
+    entered.append("out")
+
+  sets = evaluator_lib.SetsEvaluator({"clean": clean, "noisy": noisy},
+                                     steps=7, weights=weights)
+  assert sets.evaluate(tf.constant(7)) == {
+      "clean/accuracy": 0.75, "clean/loss": 0.5,
+      "noisy/accuracy": 0.25, "noisy/loss": 2.0}
+  assert (clean.asked, noisy.asked) == ([7], [7])
+  assert entered == ["in", "out"]  # Once around all the sets.
+  assert list(sets.images) == ["clean/worst"]
+
+
+def test_steps_counted_by_set_and_a_full_pass_for_the_others():
+  clean, noisy = _FakeSetEvaluator({"loss": 1.0}), _FakeSetEvaluator({})
+  sets = evaluator_lib.SetsEvaluator({"clean": clean, "noisy": noisy},
+                                     steps={"clean": 3})
+  sets.evaluate(tf.constant(-1))  # What the controller asks: -1.
+  assert (clean.asked, noisy.asked) == ([3], [-1])
+
+
+def test_a_set_that_fails_gives_no_results_for_the_sets_before():
+  clean = _FakeSetEvaluator({"loss": 1.0})
+  noisy = _FakeSetEvaluator({}, fails=True)
+  sets = evaluator_lib.SetsEvaluator({"clean": clean, "noisy": noisy})
+  with pytest.raises(trainer.RunError):
+    sets.evaluate(tf.constant(-1))
+  assert clean.asked == [-1]  # Evaluated, but nothing is recorded.
+
+
+class _DigitSets(digits.DigitsClassification):
+  """Digits evaluated on the clean validation split and on a noisy copy of
+  250 of its images; `single` returns that one set alone, unnamed."""
+
+  def __init__(self, single=None):
+    super().__init__(filters=8, hidden_units=32)
+    self.single = single
+
+  def build_inputs(self, training, input_context=None):
+    if training:
+      return super().build_inputs(training, input_context)
+    images, labels = digits.load_split(False)
+    noise = np.random.RandomState(1).normal(0.0, 0.3, images.shape)
+    noisy = np.clip(images + noise.astype(np.float32), 0.0, 1.0)
+    sets = {"clean": tf.data.Dataset.from_tensor_slices((images, labels)),
+            "noisy": tf.data.Dataset.from_tensor_slices((noisy[:250],
+                                                         labels[:250]))}
+    return sets[self.single] if self.single else sets
+
+
+def test_named_sets_on_two_replicas_equal_one_set_runs(tmp_path):
+  # Eval batches of 64 over 2 replicas: 360 and 250 examples end in partial
+  # batches (40 and 58) that both replicas share.
+  runtime = trainer.RuntimeConfig(distribution_strategy="mirrored",
+                                  num_cpu_devices=2, seed=0)
+  config = _config(train_steps=20, steps_per_loop=10, summary_interval=10,
+                   checkpoint_interval=10, validation_interval=10,
+                   global_batch_size=32, eval_batch_size=64,
+                   best_checkpoint=trainer.actions.BestCheckpointConfig(
+                       metric="noisy/accuracy", higher_is_better=True))
+  run_dir = tmp_path / "run"
+  output = experiment.run(_DigitSets(), "train_and_eval", str(run_dir),
+                          runtime, config)
+  assert sorted(output) == ["clean/accuracy", "clean/loss",
+                            "noisy/accuracy", "noisy/loss"]
+  record = evaluated.EvaluatedRecord(str(run_dir)).results
+  assert sorted(record) == [10, 20] and record[20] == output
+  # One TensorBoard run a set, the same tags in each.
+  for name in ("clean", "noisy"):
+    scalars = helpers.read_scalars(str(run_dir / "eval" / name))
+    assert scalars["accuracy"] == [
+        (step, pytest.approx(record[step][f"{name}/accuracy"]))
+        for step in (10, 20)]
+    assert [step for step, _ in scalars["loss"]] == [10, 20]
+  assert "accuracy" not in helpers.read_tags(str(run_dir / "eval"))
+  # The best checkpoint follows the noisy set.
+  noisy = {step: results["noisy/accuracy"] for step, results in record.items()}
+  best_step = max(sorted(noisy), key=lambda step: noisy[step])
+  with open(run_dir / "best" / "best.json") as f:
+    best = json.load(f)
+  assert (best["metric"], best["step"], best["value"]) == (
+      "noisy/accuracy", best_step, noisy[best_step])
+  # Each set alone, unnamed, on the same checkpoint: the same numbers.
+  for name in ("clean", "noisy"):
+    alone = experiment.run(_DigitSets(single=name), "eval",
+                           str(tmp_path / f"alone_{name}"), runtime,
+                           _config(eval_batch_size=64),
+                           restore_dir=str(run_dir))
+    assert alone == {"accuracy": output[f"{name}/accuracy"],
+                     "loss": pytest.approx(output[f"{name}/loss"],
+                                           rel=1e-6)}
+  # What a run builds: each set's input by name, 6 and 4 batches.
+  parts = build.parts(_DigitSets(), "eval", build.process(runtime),
+                      _config(eval_batch_size=64))
+  assert parts.eval_set_names == ("clean", "noisy")
+  assert {name: int(found.dataset.cardinality())
+          for name, found in parts.eval_inputs.items()} == {"clean": 6,
+                                                            "noisy": 4}
+  # --mode=eval with one named set, its 4 batches counted by name.
+  chosen = experiment.run(_DigitSets(), "eval", str(tmp_path / "chosen"),
+                          runtime, _config(eval_batch_size=64,
+                                           eval_sets=("noisy",),
+                                           validation_steps={"noisy": 4}),
+                          restore_dir=str(run_dir))
+  assert chosen == {"noisy/accuracy": output["noisy/accuracy"],
+                    "noisy/loss": pytest.approx(output["noisy/loss"],
+                                                rel=1e-6)}

@@ -10,7 +10,9 @@ restarted evaluator skips what it has done. A trainer with
 `trainer.keep_until_evaluated` reads the same record and deletes no
 checkpoint beyond `max_to_keep` before it has been evaluated
 (`checkpoints.create_manager`); without it, a checkpoint deleted before its
-turn is reported as missed.
+turn is reported as missed. With named evaluation sets a step is recorded
+once every set is evaluated: an evaluator stopped between two sets records
+nothing, and the checkpoint stays until it is evaluated whole.
 """
 
 import os

@@ -1,14 +1,16 @@
 """`TaskEvaluator`: the Orbit evaluator built from a `Task`, the inner eval
-loop.
+loop; `SetsEvaluator`: one of them for each named evaluation set.
 
 It owns `strategy.run` over the eval split, the mean loss over every
 evaluated example, and Model Garden's aggregation contract
 (`aggregate_logs`, `reduce_aggregated_logs`); the Task owns the per-replica
-maths.
+maths. With named sets (`trainer.data.eval_sets`) each set has its own
+`TaskEvaluator`, so its own metrics, input and aggregation, and the partial
+last batch of each set is split over the replicas as one set's is.
 """
 
 import contextlib
-from typing import Callable, ContextManager, Dict
+from typing import Callable, ContextManager, Dict, Mapping, Optional
 
 import numpy as np
 import orbit
@@ -17,6 +19,7 @@ import tf_keras
 
 from trainer import errors
 from trainer.data import data_loss
+from trainer.data import eval_sets
 from trainer.data import inputs as inputs_lib
 from trainer.model import named
 from trainer.model import task as task_lib
@@ -33,7 +36,8 @@ class TaskEvaluator(orbit.StandardEvaluator):
                strategy: tf.distribute.Strategy,
                eval_input: inputs_lib.DistributedInput,
                global_step: tf.Variable, *, run_eagerly: bool = False,
-               weights: Callable[[], ContextManager] = contextlib.nullcontext):
+               weights: Callable[[], ContextManager] = contextlib.nullcontext,
+               set_name: Optional[str] = None):
     """Builds the evaluator.
 
     Args:
@@ -45,6 +49,8 @@ class TaskEvaluator(orbit.StandardEvaluator):
       run_eagerly: Run steps without `tf.function`.
       weights: A context in which the model holds the weights to evaluate
         (the EMA averages, say); entered around every evaluation.
+      set_name: The evaluation set's name, for messages; None for a Task's
+        one unnamed set.
     """
     if named.several(model) and not task_lib.overrides(task,
                                                        "validation_step"):
@@ -65,6 +71,7 @@ class TaskEvaluator(orbit.StandardEvaluator):
     self._requested_steps = -1  # Of the current evaluation; -1: all.
     self._steps_run = 0
     self._weights = weights
+    self.set_name = set_name
     self.images: Dict[str, np.ndarray] = {}  # Of the last evaluation.
     super().__init__(
         eval_input.dataset,
@@ -121,11 +128,14 @@ class TaskEvaluator(orbit.StandardEvaluator):
   def eval_end(self, aggregated_logs=None) -> Dict[str, float]:
     if not self._loss.count.numpy():
       # Losses of 0.0 would be reported, and look like the best ever.
+      dataset = ("the evaluation dataset" if self.set_name is None else
+                 f"the evaluation set {self.set_name!r}")
       raise errors.ConfigError(
-          "the evaluation dataset yielded no example (filtered out "
-          "entirely?); `build_inputs(training=False)` must return some.")
+          f"{dataset} yielded no example (filtered out entirely?); "
+          "`build_inputs(training=False)` must return some.")
     # The input ended before the steps asked for (its size was unknown).
-    inputs_lib.check_validation_steps(self._requested_steps, self._steps_run)
+    inputs_lib.check_validation_steps(self._requested_steps, self._steps_run,
+                                      self.set_name)
     results = {"loss": self._loss.result()}
     results.update({metric.name: metric.result() for metric in self.metrics})
     if self._aggregates:
@@ -138,3 +148,61 @@ class TaskEvaluator(orbit.StandardEvaluator):
     # Python floats print readably in Orbit's eval line.
     return {name: float(value) for name, value in results.items()
             if name not in self.images}
+
+
+class SetsEvaluator(orbit.AbstractEvaluator):
+  """Evaluates every named evaluation set, each with its own
+  `TaskEvaluator`, and names each result `<set>/<metric>`.
+
+  Attributes:
+    evaluators: Each set's evaluator, by name, in evaluation order.
+  """
+
+  def __init__(self, evaluators: Mapping[str, TaskEvaluator],
+               steps: eval_sets.Steps = -1,
+               weights: Callable[[], ContextManager] = contextlib.nullcontext):
+    """Builds the evaluator.
+
+    Args:
+      evaluators: Each set's evaluator, by name (built without `weights`).
+      steps: `trainer.validation_steps`: with counts by set name, each
+        set's own count (a set not named: a full pass); one count is what
+        the controller passes to `evaluate`.
+      weights: A context in which the model holds the weights to evaluate;
+        entered once around all the sets.
+    """
+    self.evaluators = dict(evaluators)
+    # A function, not the dict: `tf.Module` would wrap a dict attribute in
+    # a tracking proxy that is no `Mapping`.
+    counts = dict(steps) if isinstance(steps, Mapping) else None
+    self._steps_of = (None if counts is None else
+                      lambda name: eval_sets.steps_for(counts, name))
+    self._weights = weights
+
+  def evaluate(self, num_steps: tf.Tensor) -> Dict[str, float]:
+    """Evaluates each set with fresh metrics; returns `<set>/<metric>`.
+
+    Args:
+      num_steps: Batches of every set (-1: a full pass), where
+        `trainer.validation_steps` does not count them by set.
+
+    Raises:
+      errors.ConfigError, errors.RunError: As `TaskEvaluator.evaluate`,
+        naming the set; nothing is returned for the sets done before.
+    """
+    results = {}
+    with self._weights():
+      for name, evaluator in self.evaluators.items():
+        steps = (int(num_steps) if self._steps_of is None else
+                 self._steps_of(name))
+        output = evaluator.evaluate(tf.convert_to_tensor(steps, tf.int32))
+        results.update({eval_sets.result_name(name, metric): value
+                        for metric, value in output.items()})
+    return results
+
+  @property
+  def images(self) -> Dict[str, np.ndarray]:
+    """The last evaluation's images, as `<set>/<name>`."""
+    return {eval_sets.result_name(name, image): value
+            for name, evaluator in self.evaluators.items()
+            for image, value in evaluator.images.items()}
