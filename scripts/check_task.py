@@ -13,7 +13,11 @@ Task's `train_step` override included), it checks that:
                 weights;
   resume        half the steps, a checkpoint (model, optimizer, step, input
                 position), a restore into a fresh model and optimizer, and
-                the other half end where the uninterrupted steps did.
+                the other half end where the uninterrupted steps did (a
+                mixture's sampling position included);
+  eval          each evaluation set (every named one, or the one unnamed),
+                evaluated whole with the same weights on one device and on
+                replicas, gives the same results.
 
 Every run uses plain SGD (`--learning_rate`) in float32, whatever the task's
 optimizer and precision: Adam would hide a wrong loss scale. A pipelined
@@ -55,6 +59,7 @@ from trainer import errors
 from trainer import state as state_lib
 from trainer.data import inputs as inputs_lib
 from trainer.distribute import pipeline
+from trainer.loop.runner import evaluator as evaluator_lib
 from trainer.loop.runner import runners
 from trainer.model import named
 from trainer.model import task as task_lib
@@ -247,8 +252,11 @@ def check_hooks(task: task_lib.Task, strategy: tf.distribute.Strategy,
   # The losses of an eval batch, as `validation_step` returns them: training
   # batches may need the task's own step to become model inputs (CIFAR-10's
   # crops), eval batches go to the model as they are.
-  eval_input = call_hook("build_inputs", inputs_lib.for_task, task, False,
-                         strategy, config, runtime)
+  # The first evaluation set stands for all here; each is checked on
+  # replicas after training (`compare_eval_sets`).
+  eval_inputs = call_hook("build_inputs", inputs_lib.for_eval_sets, task,
+                          strategy, config, runtime)
+  eval_input = next(iter(eval_inputs.values()))
   for name, each in named.named(model).items():
     call_hook("build_model", state_lib.ensure_built, each,
               eval_input.dataset.element_spec, name)
@@ -362,7 +370,71 @@ def check(task: task_lib.Task, runtime: trainer.RuntimeConfig,
   replicas_ok = compare_replicas(one, many, losses_one, losses_many,
                                  same_input)
   resume_ok = compare_resume(one, resumed, half, same_input)
-  return same_input and replicas_ok and resume_ok
+  eval_ok = compare_eval_sets(task, one, many, config, runtime)
+  return same_input and replicas_ok and resume_ok and eval_ok
+
+
+def evaluate_sets(task: task_lib.Task, run: Run,
+                  config: trainer.TrainerConfig,
+                  runtime: trainer.RuntimeConfig
+                  ) -> Dict[Optional[str], Dict[str, float]]:
+  """Each evaluation set's results with `run`'s model, in its strategy, as
+  `train.py` evaluates them (a full pass, the partial last batch split over
+  the replicas); by set name, None for a Task's one unnamed set."""
+  strategy = run.trainer.strategy
+  results = {}
+  for name, eval_input in inputs_lib.for_eval_sets(
+      task, strategy, config, runtime).items():
+    evaluator = evaluator_lib.TaskEvaluator(
+        task, run.model, strategy, eval_input, run.trainer.global_step,
+        set_name=name)
+    results[name] = evaluator.evaluate(tf.constant(-1))
+  return results
+
+
+def _relative_difference(one: float, many: float) -> float:
+  """|one - many| relative to |one| where above 1; inf where one of them
+  is not finite and the other is (0 where both are the same NaN or inf)."""
+  if not (np.isfinite(one) and np.isfinite(many)):
+    same = (np.isnan(one) and np.isnan(many)) or one == many
+    return 0.0 if same else float("inf")
+  return abs(one - many) / max(abs(one), 1.0)
+
+
+def compare_eval_sets(task: task_lib.Task, one: Run, many: Run,
+                      config: trainer.TrainerConfig,
+                      runtime: trainer.RuntimeConfig) -> bool:
+  """Reports, for each evaluation set, whether its results with the same
+  weights agree on one device and on replicas."""
+  set_weights(many.model, get_weights(one.model))
+  try:
+    on_one = evaluate_sets(task, one, config, runtime)
+    on_many = evaluate_sets(task, many, config, runtime)
+  except errors.ConfigError as e:
+    report(False, "eval", str(e))
+    return False
+  num_replicas = many.trainer.strategy.num_replicas_in_sync
+  passed = True
+  for name, results in on_one.items():
+    label = "eval" if name is None else f"eval {name}"
+    differences = {
+        metric: _relative_difference(value, on_many[name][metric])
+        for metric, value in results.items()}
+    figures = "; ".join(
+        f"{metric} {value:.6g} / {on_many[name][metric]:.6g}"
+        for metric, value in results.items())
+    text = (f"the same weights on 1 / {num_replicas} replicas: {figures}; "
+            f"max difference {max(differences.values()):.2g}")
+    if max(differences.values()) <= TOLERANCE:
+      report(True, label, text)
+      continue
+    passed = False
+    worst = max(differences, key=differences.get)
+    report(False, label, f"{text}. Likely cause: `{worst}` depends on how "
+           "the batches are split over replicas: update metrics with per-example "
+           "values, not a statistic of each replica's batch (a replica may "
+           "get few examples of the last batch, or none)")
+  return passed
 
 
 def compare_replicas(one: Run, many: Run, losses_one: List[float],

@@ -135,6 +135,33 @@ MY_TASKS = textwrap.dedent('''\
 
 
     @gin.configurable
+    class Sets(Regression):
+      """Two named evaluation sets of 101 and 40 examples."""
+
+      def build_inputs(self, training, input_context=None):
+        examples = super().build_inputs(training, input_context)
+        if training:
+          return examples
+        return {"near": examples.take(101), "far": examples.skip(101).take(40)
+                .map(lambda x, y: (2.0 * x, 2.0 * y))}
+
+
+    @gin.configurable
+    class BatchMeanMetric(Sets):
+      """Reports the mean of each replica's batch mean: a figure that
+      depends on how the batches are split over replicas."""
+
+      def build_metrics(self, training=True):
+        return [tf_keras.metrics.Mean("batch_mean")]
+
+      def validation_step(self, inputs, model, metrics=None):
+        features, labels = inputs
+        losses = self.build_losses(labels, model(features, training=False))
+        metrics[0].update_state(tf.reduce_mean(losses))
+        return {"loss": losses}
+
+
+    @gin.configurable
     class TwoModels(Regression):
       """Two models, two optimizers; model b's loss is averaged per replica."""
 
@@ -189,6 +216,8 @@ CASES = {
     "own_metrics": "OwnMetrics",
     "two_models": "TwoModels",
     "mixture": "Mixed",
+    "sets": "Sets",
+    "batch_mean": "BatchMeanMetric",
 }
 # Checked by slow tests (`slow_checks`): the shipped digits tasks, and a
 # second several-model case, each as long as three of the above.
@@ -307,6 +336,30 @@ def test_a_mixture_is_checked_with_its_sampling_position(checks):
       "3 step(s) vs 6 steps: max weight difference 0")
   assert lines[-1] == ("check_task | PASS: Mixed trains the same on 1 and 2 "
                        "replicas and resumes exactly")
+
+
+def test_each_evaluation_set_is_checked_on_replicas(checks):
+  code, lines, stderr = checks["sets"].result()
+  assert code == 0, stderr[-2000:]
+  for name in ("near", "far"):
+    text = line(lines, f"PASS eval {name}: the same weights on 1 / 2 "
+                "replicas: loss ")
+    assert float(text.rsplit("max difference ", 1)[1]) < 1e-6, text
+  assert lines[-1] == ("check_task | PASS: Sets trains the same on 1 and 2 "
+                       "replicas and resumes exactly")
+  # One unnamed set: one `eval` line.
+  code, lines, stderr = checks["correct"].result()
+  assert line(lines, "PASS eval: the same weights on 1 / 2 replicas: loss ")
+
+
+def test_a_metric_that_depends_on_the_split_fails_naming_it(checks):
+  code, lines, stderr = checks["batch_mean"].result()
+  assert code == 1, stderr[-2000:]
+  failed = [text for text in lines if text.startswith("FAIL eval ")]
+  assert failed, lines
+  assert all("Likely cause: `batch_mean` depends on how the batches are "
+             "split over replicas" in text for text in failed)
+  assert lines[-1] == "check_task | FAIL: BatchMeanMetric"
 
 
 def test_per_replica_averaging_fails_naming_it(checks):

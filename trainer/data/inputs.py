@@ -165,6 +165,9 @@ class DistributedInput:
     self._deterministic = deterministic
     self._remote = remote
     self.mixture = mixture
+    # A mixture's sources' sizes in examples, by name (None where unknown,
+    # or infinite), as this pipeline's first build found them.
+    self.source_sizes: Dict[str, Optional[int]] = {}
     self._task_name = task_name
     self.dataset = self.build()
 
@@ -226,6 +229,9 @@ class DistributedInput:
       errors.ConfigError: For several training datasets without rates.
     """
     if self.mixture is not None:
+      if isinstance(built, Mapping):  # For the `mixture |` line.
+        self.source_sizes = {name: _known_size(source)
+                             for name, source in built.items()}
       return self.mixture.mix(built, self._task_name,
                               self.input_context.input_pipeline_id)
     if isinstance(built, Mapping) and self._training:
@@ -480,7 +486,8 @@ def for_mode(task: task_lib.Task, strategy: tf.distribute.Strategy, config,
     if runtime.data_service:
       console.info(data_service.describe(runtime))
     if train_input.mixture is not None:
-      console.info(f"mixture | {train_input.mixture.describe()}")
+      console.info(f"mixture | {train_input.mixture.describe()}"
+                   f"{_sizes_text(train_input.source_sizes)}")
   if evaluating or config.export.at_end:
     eval_inputs = for_eval_sets(task, strategy, config, runtime, worker)
     for name, eval_input in eval_inputs.items() if evaluating else ():
@@ -488,7 +495,44 @@ def for_mode(task: task_lib.Task, strategy: tf.distribute.Strategy, config,
       check_validation_steps(
           eval_sets.steps_for(config.validation_steps, name),
           int(eval_input.dataset.cardinality()), name)
+    if evaluating and None not in eval_inputs:
+      console.info("eval sets | " + ", ".join(
+          _eval_set_text(name, eval_input, config)
+          for name, eval_input in eval_inputs.items()))
   return train_input, eval_inputs
+
+
+def _known_size(dataset) -> Optional[int]:
+  """A dataset's number of elements, None where unknown or infinite."""
+  if not isinstance(dataset, tf.data.Dataset) or not tf.executing_eagerly():
+    return None
+  size = int(dataset.cardinality())
+  return size if size >= 0 else None
+
+
+def _sizes_text(sizes: Mapping[str, Optional[int]]) -> str:
+  """` | sizes: clean 1437, noisy ? examples`, or nothing if none known."""
+  if not any(size is not None for size in sizes.values()):
+    return ""
+  return " | sizes: " + ", ".join(
+      f"{name} {'?' if size is None else size}"
+      for name, size in sizes.items()) + " examples"
+
+
+def _eval_set_text(name: str, eval_input: "DistributedInput", config) -> str:
+  """`clean: 3 batch(es) of 60` (`?` where unknown), with how many of them
+  an evaluation reads where `validation_steps` limits it, and `held out`
+  where the set is never judged."""
+  batches = _known_size(eval_input.dataset)
+  text = (f"{name}: {'?' if batches is None else batches} batch(es) of "
+          f"{config.eval_batch_size}")
+  notes = []
+  steps = eval_sets.steps_for(config.validation_steps, name)
+  if steps > 0:
+    notes.append(f"{steps} evaluated")
+  if name in config.held_out_sets:
+    notes.append("held out, never judged")
+  return text + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def for_eval_sets(task: task_lib.Task, strategy: tf.distribute.Strategy,
