@@ -87,6 +87,24 @@ class MixedRegression(LinearRegression):
     return self.rates
 
 
+class ZeroMixedRegression(MixedRegression):
+  """`MixedRegression` with zero weights that do not move (a 50/50 mixture
+  by default): an example's loss is its target squared, so each source's
+  mean loss is known by hand."""
+
+  def __init__(self, rates=None):
+    super().__init__(learning_rate=0.0,
+                     rates=rates or {"clean": 0.5, "shifted": 0.5})
+
+  def build_model(self):
+    return tf_keras.Sequential([
+        tf_keras.Input((4,)),
+        tf_keras.layers.Dense(8, activation="tanh",
+                              kernel_initializer="zeros"),
+        tf_keras.layers.Dense(1, kernel_initializer="zeros"),
+    ])
+
+
 class ConfiguredRegression(LinearRegression):
   """`LinearRegression` with the optimizer gin configures (Model Garden's
   legacy optimizers through `optimizer.*` and `learning_rate.*`)."""
@@ -104,6 +122,24 @@ class PerReplicaMeanLinearRegression(LinearRegression):
     grads = tape.gradient(loss, model.trainable_variables)
     optimizer.apply_gradients(zip(grads, model.trainable_variables))
     return {"loss": loss}
+
+
+def source_losses(dataset: tf.data.Dataset, windows: Sequence[int],
+                  names=("clean", "shifted")) -> List[Dict[str, float]]:
+  """Each source's mean loss under `ZeroMixedRegression` (its targets
+  squared) in each window of batches of a mixture's `dataset` (`windows`:
+  the batches of each, in order)."""
+  iterator, results = iter(dataset), []
+  for steps in windows:
+    losses, sources = [], []
+    for _ in range(steps):
+      (_, labels), index = next(iterator)
+      losses.append(np.square(labels.numpy()[:, 0].astype(np.float64)))
+      sources.append(index.numpy())
+    losses, sources = np.concatenate(losses), np.concatenate(sources)
+    results.append({name: float(losses[sources == index].mean())
+                    for index, name in enumerate(names)})
+  return results
 
 
 def checkpoint_weights(model_dir: str) -> Dict[str, np.ndarray]:

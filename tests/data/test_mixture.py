@@ -249,7 +249,7 @@ def test_trainer_mixture_wins_over_the_task_s_rates():
 # Whole runs, in this process: the shares in the summaries, several
 # replicas and micro-batches.
 
-def _run(model_dir, rates=None, task_rates=None, **settings):
+def _run(model_dir, rates=None, task_rates=None, task=None, **settings):
   import trainer  # pylint: disable=g-import-not-at-top
   from trainer import experiment  # pylint: disable=g-import-not-at-top
   import helpers  # pylint: disable=g-import-not-at-top
@@ -258,7 +258,8 @@ def _run(model_dir, rates=None, task_rates=None, **settings):
                 global_batch_size=32, mixture=rates)
   config.update(settings)
   experiment.run(
-      helpers.MixedRegression(rates=task_rates), "train", str(model_dir),
+      task or helpers.MixedRegression(rates=task_rates), "train",
+      str(model_dir),
       trainer.RuntimeConfig(distribution_strategy=strategy, seed=0,
                             num_cpu_devices=2 if strategy == "mirrored" else 0),
       trainer.TrainerConfig(**config))
@@ -293,6 +294,25 @@ def test_a_mixture_on_two_replicas_with_micro_batches_trains_as_on_one(
   # is the same to float rounding.
   assert helpers.max_weight_difference(one, two) < 1e-5
   assert len(scalars["mixture/clean"]) == 2
+
+
+def test_a_run_on_two_replicas_summarises_each_source_s_mean_loss(tmp_path):
+  # Zero weights that do not move: each example's loss is its target
+  # squared, so each window's mean per source is computed here by hand from
+  # the same mixture's batches (2 windows of 10 steps of 32 examples).
+  import helpers  # pylint: disable=g-import-not-at-top
+  task = helpers.ZeroMixedRegression()
+  _, scalars = _run(tmp_path / "run", task=task, strategy="mirrored",
+                    gradient_accumulation_steps=2)
+  expected = helpers.source_losses(inputs.DistributedInput(
+      tf.distribute.get_strategy(),
+      lambda context: task.build_inputs(True, context), 32, training=True,
+      mixture=mixture.Mixture(task.rates, seed=0)).dataset, [10, 10])
+  for name in ("clean", "shifted"):
+    steps, losses = zip(*scalars[f"mixture/{name}/loss"])
+    assert steps == (10, 20)
+    np.testing.assert_allclose(losses, [window[name] for window in expected],
+                               rtol=1e-6)
 
 
 # Real train.py processes: a SIGKILL resume, the input positions, bad input.

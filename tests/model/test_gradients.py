@@ -187,3 +187,56 @@ def test_minimize_reports_to_the_record_that_comes_with_the_optimizer():
   assert float(weight.numpy()) == -3.0 and not kept.norms
   [update] = kept.updates
   assert update.optimizer is sgd and float(update.grads[0]) == 3.0
+
+
+@pytest.mark.parametrize("micro_batches", [1, 4])
+def test_per_example_values_are_gathered_in_the_examples_order(
+    micro_batches):
+  # What `on_outputs` returns for each micro-batch (the default step: its
+  # per-example losses) comes back in the order of the replica's examples,
+  # beside the averaged loss and gradient.
+  inputs = (tf.range(8.0), tf.range(8.0) * 10)
+
+  def gradient_fn(batch, model, optimizer):
+    del model, optimizer
+    return tf.reduce_sum(batch[0]), [tf.reduce_sum(batch[1])], batch[1] + 1
+
+  loss, grads, gathered = tf.function(lambda: gradients.accumulate(
+      gradient_fn, inputs, None, None, micro_batches,
+      lambda batch, outputs: outputs))()
+  np.testing.assert_array_equal(gathered, np.arange(8.0) * 10 + 1)
+  assert (float(loss), float(grads[0])) == (28.0 / micro_batches,
+                                            280.0 / micro_batches)
+  _, _, nothing = gradients.accumulate(gradient_fn, inputs, None, None,
+                                       micro_batches, lambda *_: None)
+  assert nothing is None
+
+
+def test_a_step_of_several_models_gets_its_per_example_losses_gathered():
+  # Under micro-batches the framework runs such a step per micro-batch:
+  # its floating logs are averaged, its per-example losses put together.
+  def step(batch, record):
+    del record
+    return {"loss": tf.reduce_mean(batch), "per_example_loss": batch * 2}
+
+  logs, norms = tf.function(lambda: gradients.accumulate_updates(
+      step, tf.range(8.0), 4))()
+  np.testing.assert_array_equal(logs["per_example_loss"], np.arange(8.0) * 2)
+  assert float(logs["loss"]) == 3.5 and norms == {}
+
+
+def test_the_default_step_returns_per_example_losses_only_when_asked():
+  task = helpers.LinearRegression()
+  model = task.build_model()
+  features, labels = next(iter(task.build_inputs(True).batch(8)))
+  expected = task.build_losses(labels, model(features))
+  for micro_batches in (1, 2):
+    logs = task.train_step(
+        (features, labels), model, tf_keras.optimizers.SGD(0.0),
+        options=gradients.StepOptions(accumulation_steps=micro_batches,
+                                      report_per_example_loss=True))
+    np.testing.assert_allclose(logs["per_example_loss"], expected, rtol=1e-6)
+    assert float(logs["loss"]) == pytest.approx(float(np.mean(expected)))
+  assert set(task.train_step((features, labels), model,
+                             tf_keras.optimizers.SGD(0.0))) == {
+                                 "loss", "gradient_norm"}

@@ -9,7 +9,9 @@ input pipeline), and batched as one dataset would be.
 
 Each example travels with the index of its source (a second component the
 framework strips before the Task sees the batch): the train summaries count
-the sources' shares of the examples trained on from it. Because the index
+the sources' shares of the examples trained on from it, and, where the
+step returns its per-example losses, each source's mean loss
+(`trainer.loop.runner.source_shares`). Because the index
 is part of the pipeline, not a side channel, everything that resumes one
 dataset resumes a mixture: the checkpointed iterator holds the sampler's
 position and every source's, and a rebuilt pipeline skipped by as many

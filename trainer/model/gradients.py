@@ -21,6 +21,13 @@ from trainer import graph_code
 # (inputs, model, optimizer) -> (loss, gradients, model outputs).
 GradientFn = Callable[..., Tuple[tf.Tensor, List[Optional[tf.Tensor]], Any]]
 
+# The key of a step's per-example losses in its logs (shape [the replica's
+# batch], in the order of its examples): the default `Task.train_step`
+# returns them where the framework asks (`StepOptions.report_per_example_
+# loss`), an own `train_step` may return them; a mixture's summaries show
+# each source's mean of them (`trainer.loop.runner.source_shares`).
+PER_EXAMPLE_LOSS = "per_example_loss"
+
 
 @dataclasses.dataclass(frozen=True)
 class StepOptions:
@@ -35,11 +42,16 @@ class StepOptions:
       clipping.
     gradient_fn: Stands in for `Task.compute_gradients` (the framework passes
       an XLA-compiled one under `runtime.enable_xla` on several replicas).
+    report_per_example_loss: Also return `build_losses`' per-example losses
+      under `PER_EXAMPLE_LOSS` (the framework asks for them where a
+      training mixture summarises each source's loss; they cost a second
+      evaluation of `build_losses` on the outputs, so only then).
   """
   accumulation_steps: int = 1
   clip_norm: Optional[float] = None
   clip_value: Optional[float] = None
   gradient_fn: Optional[GradientFn] = None
+  report_per_example_loss: bool = False
 
   @classmethod
   def from_config(cls, config) -> "StepOptions":
@@ -65,8 +77,9 @@ def micro_batch(inputs, index, num_micro_batches: int):
 @graph_code.written_for_graphs
 def accumulate(gradient_fn: GradientFn, inputs, model, optimizer,
                num_micro_batches: int,
-               on_outputs: Callable[[Any, Any], None]
-               ) -> Tuple[tf.Tensor, List[Optional[tf.Tensor]]]:
+               on_outputs: Callable[[Any, Any], Optional[tf.Tensor]]
+               ) -> Tuple[tf.Tensor, List[Optional[tf.Tensor]],
+                          Optional[tf.Tensor]]:
   """Runs `gradient_fn` on each micro-batch; sums losses and gradients.
 
   Each micro-batch's loss is its share of the global mean over the
@@ -80,38 +93,69 @@ def accumulate(gradient_fn: GradientFn, inputs, model, optimizer,
     model: The model.
     optimizer: Passed to `gradient_fn` (for loss scaling).
     num_micro_batches: How many parts to cut `inputs` into.
-    on_outputs: Called with each micro-batch and its model outputs (metrics).
+    on_outputs: Called with each micro-batch and its model outputs (metrics);
+      returns None, or a value per example of the micro-batch (its leading
+      axis), which is gathered over the micro-batches.
 
   Returns:
-    `(loss, gradients)`, gradients None for variables the loss ignores.
+    `(loss, gradients, gathered)`: gradients None for variables the loss
+    ignores; `gathered`, what `on_outputs` returned for every micro-batch,
+    concatenated in the order of `inputs`' examples (None where it returns
+    None).
   """
   # Possibly the user's: converted by autograph (`graph_code`).
   gradient_fn = graph_code.user_code(gradient_fn)
   on_outputs = graph_code.user_code(on_outputs)
   first = micro_batch(inputs, 0, num_micro_batches)
   loss, grads, outputs = gradient_fn(first, model, optimizer)
-  on_outputs(first, outputs)
+  values = on_outputs(first, outputs)
   if num_micro_batches == 1:
-    return loss, list(grads)
+    return loss, list(grads), values
   used = [i for i, g in enumerate(grads) if g is not None]
   # A while-loop keeps one copy of the forward and backward pass in the
   # graph whatever the number of micro-batches; it carries dense tensors.
   carried = [tf.convert_to_tensor(grads[i]) for i in used]
+  gathered = _gathering(values, num_micro_batches)
 
-  def body(index, loss_sum, grad_sums):
+  def body(index, loss_sum, grad_sums, gathered):
     batch = micro_batch(inputs, index, num_micro_batches)
     loss, grads, outputs = gradient_fn(batch, model, optimizer)
-    on_outputs(batch, outputs)
+    values = on_outputs(batch, outputs)
     return (index + 1, loss_sum + loss,
             [total + tf.convert_to_tensor(grads[i])
-             for total, i in zip(grad_sums, used)])
+             for total, i in zip(grad_sums, used)],
+            [array.write(index, values) for array in gathered])
 
-  _, loss, carried = tf.while_loop(
+  _, loss, carried, gathered = tf.while_loop(
       lambda index, *_: index < num_micro_batches, body,
-      (tf.constant(1), loss, carried))
+      (tf.constant(1), loss, carried, gathered))
   scale = 1.0 / num_micro_batches
   return loss * scale, _in_place_of_present(
-      grads, [total * tf.cast(scale, total.dtype) for total in carried])
+      grads, [total * tf.cast(scale, total.dtype) for total in carried]), (
+          gathered[0].concat() if gathered else None)
+
+
+def _gathering(values: Optional[tf.Tensor],
+               num_micro_batches: int) -> List[tf.TensorArray]:
+  """Where a while-loop over micro-batches gathers a value per example: a
+  `TensorArray` holding micro-batch 0's `values` (none where None)."""
+  if values is None:
+    return []
+  values = tf.convert_to_tensor(values)
+  return [tf.TensorArray(values.dtype, size=num_micro_batches,
+                         element_shape=values.shape).write(0, values)]
+
+
+@graph_code.written_for_graphs
+def per_example(losses: tf.Tensor) -> tf.Tensor:
+  """Returns `build_losses`' losses as one per example, shape `[batch]`:
+  summed over any further axes, as `tf.nn.compute_average_loss` sums them
+  (so their mean over the global batch is the step's loss, less the
+  regularisation losses)."""
+  losses = tf.convert_to_tensor(losses)
+  if losses.shape.rank is not None and losses.shape.rank > 1:
+    losses = tf.reduce_sum(losses, axis=list(range(1, losses.shape.rank)))
+  return losses
 
 
 @graph_code.written_for_graphs
@@ -319,7 +363,8 @@ def accumulate_updates(step: RecordedStep, inputs,
 
   Returns:
     `(logs, norms)`: the step's logs, floating-point ones averaged over the
-    micro-batches, others the first micro-batch's; and by
+    micro-batches (`PER_EXAMPLE_LOSS` gathered in the examples' order),
+    others the first micro-batch's; and by
     `id(optimizer)` the global norm of its applied gradient before clipping.
 
   Raises:
@@ -341,7 +386,8 @@ def _add_micro_batches(step: RecordedStep, inputs,
   `logs` and `updates`, in a `tf.while_loop`.
 
   Returns:
-    `(logs, sums)`: the logs, floating-point ones averaged; and per update,
+    `(logs, sums)`: the logs, floating-point ones averaged
+    (`PER_EXAMPLE_LOSS` gathered); and per update,
     the sums of its gradients that are not None, in order.
 
   Raises:
@@ -350,15 +396,20 @@ def _add_micro_batches(step: RecordedStep, inputs,
   """
   averaged = sorted(
       name for name, value in (logs.items() if isinstance(logs, dict) else ())
-      if tf.is_tensor(value) and value.dtype.is_floating)
+      if tf.is_tensor(value) and value.dtype.is_floating and
+      name != PER_EXAMPLE_LOSS)
   used = [[i for i, g in enumerate(update.grads) if g is not None]
           for update in updates]
   # A while-loop keeps one copy of the step in the graph whatever the number
   # of micro-batches; it carries dense tensors.
   carried = [[tf.convert_to_tensor(update.grads[i]) for i in indices]
              for update, indices in zip(updates, used)]
+  # Per-example losses are gathered in the examples' order, not averaged.
+  gathered = _gathering(
+      logs.get(PER_EXAMPLE_LOSS) if isinstance(logs, dict) else None,
+      num_micro_batches)
 
-  def body(index, log_sums, grad_sums):
+  def body(index, log_sums, grad_sums, gathered):
     again = []
     step_logs = step(micro_batch(inputs, index, num_micro_batches),
                      StepRecord(updates=again))
@@ -373,14 +424,19 @@ def _add_micro_batches(step: RecordedStep, inputs,
                                                             averaged)],
             [[total + tf.convert_to_tensor(update.grads[i])
               for total, i in zip(sums, indices)]
-             for sums, update, indices in zip(grad_sums, again, used)])
+             for sums, update, indices in zip(grad_sums, again, used)],
+            [array.write(index, step_logs[PER_EXAMPLE_LOSS])
+             for array in gathered])
 
   if num_micro_batches > 1:
-    _, log_sums, carried = tf.while_loop(
+    _, log_sums, carried, gathered = tf.while_loop(
         lambda index, *_: index < num_micro_batches, body,
-        (tf.constant(1), [logs[name] for name in averaged], carried))
+        (tf.constant(1), [logs[name] for name in averaged], carried,
+         gathered))
     logs = dict(logs, **{name: total / num_micro_batches
                          for name, total in zip(averaged, log_sums)})
+    if gathered:
+      logs[PER_EXAMPLE_LOSS] = gathered[0].concat()
   return logs, carried
 
 

@@ -80,7 +80,9 @@ class Task:
     For training, a dict of such datasets by name is a mixture: their
     examples are drawn one by one at the rates of `trainer.mixture` (or
     `mixture_rates`), and the train summaries show each source's share
-    (`trainer.data.mixture`). Blocks are read as single examples there.
+    and mean loss (`trainer.data.mixture`; the loss where `train_step`
+    returns `per_example_loss`, as the default does). Blocks are read as
+    single examples there.
     """
     raise NotImplementedError(
         f"{type(self).__name__} must define build_inputs.")
@@ -210,16 +212,30 @@ class Task:
       regularisation losses divided by the replica count. The framework sums
       `loss` over replicas, which gives the global mean. `gradient_norm` is
       the global norm of the summed gradients before clipping.
+      `per_example_loss` (only where `options.report_per_example_loss`: the
+      framework asks for it when it trains on a mixture) holds
+      `build_losses`' loss of each example of `inputs`, shape [the
+      replica's batch], in the examples' order; the train summaries show
+      each source's mean of it as `mixture/<name>/loss`. An override may
+      return the same key, with the same meaning, to get those summaries.
     """
     options = options or gradients.StepOptions()
     # A subclass's hooks are converted by autograph (`graph_code`).
     process_metrics = graph_code.user_code(self.process_metrics)
-    loss, grads = gradients.accumulate(
+    build_losses = graph_code.user_code(self.build_losses)
+
+    @graph_code.written_for_graphs
+    def on_outputs(batch, outputs):
+      process_metrics(metrics or [], batch[1], outputs)
+      if not options.report_per_example_loss:
+        return None
+      # Evaluated again on the outputs: `compute_gradients` (which a Task
+      # may override) returns only their mean.
+      return gradients.per_example(build_losses(batch[1], outputs))
+
+    loss, grads, per_example_loss = gradients.accumulate(
         options.gradient_fn or self.compute_gradients, inputs, model,
-        optimizer, options.accumulation_steps,
-        graph_code.written_for_graphs(
-            lambda batch, outputs: process_metrics(metrics or [], batch[1],
-                                                   outputs)))
+        optimizer, options.accumulation_steps, on_outputs)
     norm = gradients.clip_and_apply(optimizer, grads,
                                     model.trainable_variables, options)
     if not isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
@@ -228,7 +244,10 @@ class Task:
       # scaling expects such gradients and skips those steps itself.)
       loss = tf.where(tf.math.is_finite(norm), loss,
                       tf.constant(float("nan"), loss.dtype))
-    return {"loss": loss, "gradient_norm": norm}
+    logs = {"loss": loss, "gradient_norm": norm}
+    if per_example_loss is not None:
+      logs[gradients.PER_EXAMPLE_LOSS] = per_example_loss
+    return logs
 
   @graph_code.written_for_graphs
   def compute_gradients(self, inputs, model: tf_keras.Model,

@@ -23,8 +23,8 @@ from trainer.model import task as task_lib
 def build(task: task_lib.Task, model, optimizer, metrics,
           options: gradients.StepOptions, *, per_replica_batch_size: int,
           num_replicas: int, enable_xla: bool,
-          model_options: Optional[Mapping[str, gradients.StepOptions]] = None
-          ) -> Callable:
+          model_options: Optional[Mapping[str, gradients.StepOptions]] = None,
+          per_example_loss: bool = False) -> Callable:
   """Returns the per-replica step, `step(inputs) -> logs`.
 
   Args:
@@ -40,6 +40,9 @@ def build(task: task_lib.Task, model, optimizer, metrics,
     model_options: With several models, the options `trainer.minimize`
       applies with each model's optimizer (its clipping), by model name;
       none: no clipping.
+    per_example_loss: Ask the default `Task.train_step` for its
+      per-example losses (`gradients.PER_EXAMPLE_LOSS`); an own step
+      returns them or not, as it was written.
 
   Raises:
     errors.ConfigError: If micro-batches do not divide the per-replica
@@ -53,6 +56,8 @@ def build(task: task_lib.Task, model, optimizer, metrics,
         options, gradient_fn=tf.function(task.compute_gradients,
                                          jit_compile=True))
   _check(task, model, options, per_replica_batch_size)
+  if per_example_loss and not task_lib.overrides(task, "train_step"):
+    options = dataclasses.replace(options, report_per_example_loss=True)
   step = _TaskStep(task, model, optimizer, metrics, options,
                    model_options or {})
   if enable_xla and num_replicas == 1:

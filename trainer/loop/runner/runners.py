@@ -122,7 +122,9 @@ class TaskTrainer(orbit.StandardTrainer):
         step_options or gradients.StepOptions(),
         per_replica_batch_size=train_input.per_replica_batch_size,
         num_replicas=strategy.num_replicas_in_sync, enable_xla=enable_xla,
-        model_options=model_options)
+        model_options=model_options,
+        # A mixture's summaries show each source's loss.
+        per_example_loss=train_input.mixture is not None)
     super().__init__(self._train_dataset())
 
   def _create_loop_variables(self, check_loss_scaling: bool) -> None:
@@ -130,7 +132,7 @@ class TaskTrainer(orbit.StandardTrainer):
     that own them."""
     self._window = summary_window.SummaryWindow(
         self.strategy, type(self.task).__name__, self._host_scope)
-    # A mixture's examples per source, for the summaries' shares.
+    # A mixture's examples and their losses per source, for the summaries.
     self._shares = (None if self._input.mixture is None else
                     source_shares.SourceShares(self._input.mixture,
                                                self._host_scope))
@@ -402,8 +404,6 @@ class TaskTrainer(orbit.StandardTrainer):
     """
     batch, waited = self._next_batch(iterator)
     batch, sources = self._input.sources(batch)
-    if sources is not None:
-      self._shares.add(sources)
     batch = self._input.split(batch)
     if check_loss_scaling:
       logs, reference = self.strategy.run(
@@ -415,6 +415,16 @@ class TaskTrainer(orbit.StandardTrainer):
           f"{type(self.task).__name__}.train_step must return a dict with "
           f"`loss`, got {type(logs).__name__}"
           f"{' ' + str(sorted(logs)) if isinstance(logs, dict) else ''}.")
+    # Per-example losses go to the sources' sums only (with a mixture), not
+    # to the window's scalars.
+    logs = dict(logs)
+    per_example_loss = logs.pop(gradients.PER_EXAMPLE_LOSS, None)
+    if sources is not None:
+      self._shares.add(sources, None if per_example_loss is None else
+                       source_shares.worker_losses(
+                           self.strategy, per_example_loss,
+                           self._input.per_replica_batch_size,
+                           type(self.task).__name__))
     loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, logs["loss"],
                                 axis=None)
     first_batch = (self._first_step.record(loss, logs, batch, reference)
