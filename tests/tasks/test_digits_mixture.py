@@ -87,6 +87,9 @@ def test_the_shipped_example_reaches_the_bar_and_keeps_the_best_by_perturbed(
   shares = helpers.read_scalars(str(model_dir / "train"))
   clean = [value for _, value in shares["mixture/clean"]]
   assert abs(np.mean(clean) - 0.7) < 0.02, clean
+  # And each source's loss: the perturbed images are the harder ones.
+  assert (np.mean([value for _, value in shares["mixture/perturbed/loss"]])
+          > np.mean([value for _, value in shares["mixture/clean/loss"]]))
   assert (f"final eval | clean/accuracy {final['clean']:.4f}"
           in result.stdout)
 
