@@ -31,7 +31,7 @@ HOOKS = frozenset([
     "build_model", "build_inputs", "preprocess_batch", "build_losses",
     "build_metrics", "create_optimizer", "initialize", "export_signatures",
     "process_metrics", "train_step", "compute_gradients", "validation_step",
-    "aggregate_logs", "reduce_aggregated_logs"])
+    "aggregate_logs", "reduce_aggregated_logs", "mixture_rates"])
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_ROOT = os.path.dirname(_PACKAGE_DIR)
