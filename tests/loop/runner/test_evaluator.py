@@ -7,10 +7,12 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 import trainer
 from trainer import build
 from trainer import experiment
+from trainer.data import inputs as inputs_lib
 from trainer.loop.runner import evaluator as evaluator_lib
 from trainer.storage import evaluated
 from trainer.model import ema as ema_lib
@@ -91,6 +93,70 @@ def test_a_confusion_matrix_over_the_whole_eval_set(tmp_path):
   assert output["examples"] == 360.0
   assert output["matrix_accuracy"] == pytest.approx(output["accuracy"])
   assert output["accuracy"] > 0.5
+
+
+class _FirstDigits(digits.DigitsClassification):
+  """Digits evaluated on the first `count` images of the validation split."""
+
+  def __init__(self, count):
+    super().__init__(filters=8, hidden_units=32)
+    self.count = count
+
+  def build_inputs(self, training, input_context=None):
+    images, labels = digits.load_split(training)
+    return tf.data.Dataset.from_tensor_slices((images[:self.count],
+                                               labels[:self.count]))
+
+
+class _FirstDigitsConfusion(_FirstDigits, _ConfusionDigits):
+  """Those with the confusion matrix: a validation_step of its own."""
+
+
+def _evaluate(task, strategy, weights, run_eagerly=False):
+  """`task`'s model holding `weights` evaluated in eval batches of 64."""
+  with strategy.scope():
+    model = task.build_model()
+    model.set_weights(weights)
+    step = tf.Variable(0, dtype=tf.int64)
+  eval_input = inputs_lib.DistributedInput(
+      strategy, lambda context: task.build_inputs(False, context), 64,
+      training=False)
+  evaluator = evaluator_lib.TaskEvaluator(task, model, strategy, eval_input,
+                                          step, run_eagerly=run_eagerly)
+  return evaluator.evaluate(tf.constant(-1))
+
+
+# 201 examples end in a batch of 9 (5 + 4 over the replicas); 129 in a
+# batch of 1, as does a set of 1: a replica gets no example, which a Conv2D
+# model on oneDNN cannot be called on.
+@pytest.mark.parametrize("count, run_eagerly", [(201, False), (129, False),
+                                                (1, False), (1, True)])
+def test_a_cnn_on_two_replicas_equals_one_device_for_any_set_size(
+    count, run_eagerly):
+  task = _FirstDigitsConfusion(count)
+  tf_keras.utils.set_random_seed(count)
+  weights = task.build_model().get_weights()
+  one = _evaluate(task, tf.distribute.OneDeviceStrategy("/cpu:0"), weights)
+  two = _evaluate(task, tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]),
+                  weights, run_eagerly)
+  assert one["examples"] == two["examples"] == float(count)
+  assert two["accuracy"] == one["accuracy"]
+  assert two["matrix_accuracy"] == one["matrix_accuracy"]
+  assert two["loss"] == pytest.approx(one["loss"], rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.parametrize("count", [201, 1])
+def test_the_default_validation_step_on_an_empty_replica(count):
+  # Without `aggregate_logs` the replicas return no logs.
+  task = _FirstDigits(count)
+  tf_keras.utils.set_random_seed(count)
+  weights = task.build_model().get_weights()
+  one = _evaluate(task, tf.distribute.OneDeviceStrategy("/cpu:0"), weights)
+  two = _evaluate(task, tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]),
+                  weights)
+  assert sorted(two) == ["accuracy", "loss"]
+  assert two["accuracy"] == one["accuracy"]
+  assert two["loss"] == pytest.approx(one["loss"], rel=1e-6, abs=1e-6)
 
 
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
