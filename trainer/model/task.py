@@ -271,7 +271,8 @@ class Task:
     The slice is `eval_batch_size` over the replicas, but the partial last
     batch is split as evenly as it goes (9 examples on 2 replicas: 5 and
     4). A replica left with no example (a last batch smaller than the
-    replica count) does not call it.
+    replica count) does not call it, so on several replicas it must not
+    synchronise them (an all-reduce).
 
     Returns:
       Logs whose `loss` holds the per-example losses; the framework averages

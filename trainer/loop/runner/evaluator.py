@@ -83,7 +83,8 @@ class TaskEvaluator(orbit.StandardEvaluator):
     """Evaluates with the model holding the weights to evaluate.
 
     Raises:
-      errors.ConfigError: If the eval set ended before `num_steps` batches.
+      errors.ConfigError: If the eval set ended before `num_steps` batches,
+        or `validation_step` synchronises the replicas.
       errors.RunError: If an input file is damaged, naming it.
     """
     self._requested_steps = int(num_steps)
@@ -98,6 +99,16 @@ class TaskEvaluator(orbit.StandardEvaluator):
       except tf.errors.DataLossError as e:
         raise errors.RunError(data_loss.describe(e, self._input.dataset)
                               ) from e
+      except RuntimeError as e:
+        if "`merge_call` called while defining" not in str(e):
+          raise
+        # A synchronisation point inside the `tf.cond` of `_replica_step`.
+        raise errors.ConfigError(
+            f"{type(self.task).__name__}.validation_step synchronises the "
+            "replicas (an all-reduce, say), which evaluation on several "
+            "replicas cannot do: a replica that the last batch leaves "
+            "without examples skips the step. Return per-example values "
+            "and reduce them in `aggregate_logs`, or use a metric.") from e
 
   def eval_begin(self):
     self._steps_run = 0
@@ -118,6 +129,8 @@ class TaskEvaluator(orbit.StandardEvaluator):
     # where padding would need a weight for every example, which neither
     # `validation_step` nor the metrics take. Its logs for `aggregate_logs`
     # are empty: no row where they have one per example, 0 for a scalar.
+    # (Inside `tf.cond`, a `validation_step` may not synchronise the
+    # replicas, an all-reduce say: `evaluate` says so.)
     count = tf.shape(tf.nest.flatten(inputs)[0])[0]
     return tf.cond(count > 0, lambda: self._validation_step(inputs),
                    self._no_logs)
