@@ -57,6 +57,11 @@ def test_eval_keeps_the_partial_last_batch_once():
   # The partial last batch of 5 is split as evenly as it goes.
   assert sizes == [[4, 4], [4, 4], [3, 2]]
   assert seen == list(range(21))
+  # Of unknown size, it may.
+  unknown = inputs.DistributedInput(
+      strategy, lambda ctx: _numbers(21)(ctx).filter(lambda x: True), 8,
+      training=False)
+  assert unknown.may_leave_replicas_empty
 
 
 @pytest.mark.parametrize("count, last", [(201, [5, 4]), (129, [1, 0]),
@@ -65,7 +70,8 @@ def test_a_partial_eval_batch_is_split_as_evenly_as_it_goes(count, last):
   strategy = _mirrored()
   data = inputs.DistributedInput(strategy, _numbers(count), 64,
                                  training=False)
-  assert data.may_leave_replicas_empty
+  # Only a last batch smaller than the replica count leaves one empty.
+  assert data.may_leave_replicas_empty == (0 in last)
   sizes, seen = [], []
 
   @tf.function

@@ -166,6 +166,7 @@ class DistributedInput:
     self._remote = remote
     self.mixture = mixture
     self._task_name = task_name
+    self._short_last_batch = True  # Of an evaluation set; set by `build`.
     self.dataset = self.build()
 
   def build(self, shard_examples: Optional[Callable[
@@ -192,6 +193,13 @@ class DistributedInput:
                      self._training)
     if shard_examples is not None:
       dataset = shard_examples(dataset)  # No longer blocks, if it was.
+    if not self._training:
+      # A set of known size whose last batch gives every replica an example
+      # needs no guard for an empty replica (`may_leave_replicas_empty`).
+      examples = (int(dataset.cardinality()) if tf.executing_eagerly()
+                  else -1)
+      self._short_last_batch = (
+          examples < 0 or 0 < examples % batch_size < self._num_local_replicas)
     blocks = _BLOCKS.get(dataset)
     if blocks is not None:
       dataset = blocks
@@ -292,9 +300,11 @@ class DistributedInput:
   @property
   def may_leave_replicas_empty(self) -> bool:
     """Whether `split` can give a replica no example: an evaluation input
-    over several local replicas, whose last batch may hold fewer examples
-    than there are replicas (training batches are always full)."""
-    return not self._training and self._num_local_replicas > 1
+    over several local replicas whose last batch holds fewer examples than
+    there are replicas, or may (its size unknown); training batches are
+    always full."""
+    return (not self._training and self._num_local_replicas > 1 and
+            self._short_last_batch)
 
   @graph_code.written_for_graphs
   def split(self, batch):

@@ -181,16 +181,20 @@ def test_a_validation_step_that_synchronises_replicas_is_refused():
           "sum", tf.reduce_sum(logs["loss"]))
       return logs
 
+  mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  # 201 examples: a last batch of 9 gives both replicas examples, so the
+  # step runs unguarded and may synchronise them.
+  assert sorted(_evaluate(Synchronising(201), mirrored,
+                          _trained_weights())) == ["accuracy", "loss"]
+  # 129: a last batch of 1 leaves a replica empty.
   with pytest.raises(trainer.ConfigError) as raised:
-    _evaluate(Synchronising(201),
-              tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]),
-              _trained_weights())
+    _evaluate(Synchronising(129), mirrored, _trained_weights())
   assert str(raised.value) == (
       "Synchronising.validation_step synchronises the replicas (an "
-      "all-reduce, say), which evaluation on several replicas cannot do: a "
-      "replica that the last batch leaves without examples skips the step. "
-      "Return per-example values and reduce them in `aggregate_logs`, or "
-      "use a metric.")
+      "all-reduce, say), which this evaluation set cannot allow: its last "
+      "batch leaves a replica without examples (or its size is unknown), "
+      "and that replica skips the step. Return per-example values and "
+      "reduce them in `aggregate_logs`, or use a metric.")
 
 
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])

@@ -105,10 +105,11 @@ class TaskEvaluator(orbit.StandardEvaluator):
         # A synchronisation point inside the `tf.cond` of `_replica_step`.
         raise errors.ConfigError(
             f"{type(self.task).__name__}.validation_step synchronises the "
-            "replicas (an all-reduce, say), which evaluation on several "
-            "replicas cannot do: a replica that the last batch leaves "
-            "without examples skips the step. Return per-example values "
-            "and reduce them in `aggregate_logs`, or use a metric.") from e
+            "replicas (an all-reduce, say), which this evaluation set "
+            "cannot allow: its last batch leaves a replica without examples "
+            "(or its size is unknown), and that replica skips the step. "
+            "Return per-example values and reduce them in `aggregate_logs`, "
+            "or use a metric.") from e
 
   def eval_begin(self):
     self._steps_run = 0
