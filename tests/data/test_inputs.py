@@ -54,8 +54,53 @@ def test_eval_keeps_the_partial_last_batch_once():
     parts = strategy.experimental_local_results(data.split(batch))
     sizes.append([int(p.shape[0]) for p in parts])
     seen.extend(np.concatenate([p.numpy() for p in parts]).tolist())
-  assert sizes == [[4, 4], [4, 4], [4, 1]]
+  # The partial last batch of 5 is split as evenly as it goes.
+  assert sizes == [[4, 4], [4, 4], [3, 2]]
   assert seen == list(range(21))
+  # Of unknown size, it may.
+  unknown = inputs.DistributedInput(
+      strategy, lambda ctx: _numbers(21)(ctx).filter(lambda x: True), 8,
+      training=False)
+  assert unknown.may_leave_replicas_empty
+
+
+@pytest.mark.parametrize("count, last", [(201, [5, 4]), (129, [1, 0]),
+                                         (1, [1, 0]), (192, [32, 32])])
+def test_a_partial_eval_batch_is_split_as_evenly_as_it_goes(count, last):
+  strategy = _mirrored()
+  data = inputs.DistributedInput(strategy, _numbers(count), 64,
+                                 training=False)
+  # Only a last batch smaller than the replica count leaves one empty.
+  assert data.may_leave_replicas_empty == (0 in last)
+  sizes, seen = [], []
+
+  @tf.function
+  def step(batch):  # In a graph, where the batch's size is a tensor.
+    return strategy.run(tf.identity, args=(data.split(batch),))
+
+  for batch in data.dataset:
+    parts = strategy.experimental_local_results(step(batch))
+    sizes.append([int(p.shape[0]) for p in parts])
+    seen.extend(np.concatenate([p.numpy() for p in parts]).tolist())
+  assert sizes[:-1] == [[32, 32]] * (len(sizes) - 1)
+  assert sizes[-1] == last
+  assert seen == list(range(count))
+
+
+def test_training_slices_keep_a_static_shape():
+  strategy = _mirrored()
+  data = inputs.DistributedInput(strategy, _numbers(40), 8, training=True)
+  assert not data.may_leave_replicas_empty
+  shapes = []
+
+  @tf.function
+  def step(batch):
+    values = data.split(batch)
+    shapes.extend(v.shape for v in strategy.experimental_local_results(values))
+    return strategy.run(tf.identity, args=(values,))
+
+  step(next(iter(data.dataset)))
+  assert shapes == [tf.TensorShape([4]), tf.TensorShape([4])]
 
 
 def test_one_replica_gets_the_whole_batch():

@@ -169,6 +169,7 @@ class DistributedInput:
     # or infinite), as this pipeline's first build found them.
     self.source_sizes: Dict[str, Optional[int]] = {}
     self._task_name = task_name
+    self._short_last_batch = True  # Of an evaluation set; set by `build`.
     self.dataset = self.build()
 
   def build(self, shard_examples: Optional[Callable[
@@ -195,6 +196,13 @@ class DistributedInput:
                      self._training)
     if shard_examples is not None:
       dataset = shard_examples(dataset)  # No longer blocks, if it was.
+    if not self._training:
+      # A set of known size whose last batch gives every replica an example
+      # needs no guard for an empty replica (`may_leave_replicas_empty`).
+      examples = (int(dataset.cardinality()) if tf.executing_eagerly()
+                  else -1)
+      self._short_last_batch = (
+          examples < 0 or 0 < examples % batch_size < self._num_local_replicas)
     blocks = _BLOCKS.get(dataset)
     if blocks is not None:
       dataset = blocks
@@ -295,24 +303,58 @@ class DistributedInput:
 
     return dataset_fn
 
+  @property
+  def may_leave_replicas_empty(self) -> bool:
+    """Whether `split` can give a replica no example: an evaluation input
+    over several local replicas whose last batch holds fewer examples than
+    there are replicas, or may (its size unknown); training batches are
+    always full."""
+    return (not self._training and self._num_local_replicas > 1 and
+            self._short_last_batch)
+
   @graph_code.written_for_graphs
   def split(self, batch):
     """Splits a worker batch into per-replica values for `strategy.run`.
 
-    Call it inside the step function. A partial last batch leaves the trailing
-    replicas with fewer (possibly zero) examples.
+    Call it inside the step function. A full batch gives every replica
+    `per_replica_batch_size` examples, in order. A partial last batch (of
+    an evaluation input) is split as evenly as it goes: 9 examples on 2
+    replicas are 5 + 4, the first replicas taking one more. Only a batch
+    smaller than the replica count leaves replicas with no example
+    (`may_leave_replicas_empty`).
     """
     if self._num_local_replicas == 1:
       return batch
-    size = self.per_replica_batch_size
     num_local = self._num_local_replicas
+    # Training batches (`drop_remainder`) have a static size: the slices'
+    # bounds are Python numbers and the slices keep a static shape.
+    # Evaluation batches may be partial: the bounds are computed in the
+    # graph from the batch's size.
+    size = tf.nest.flatten(batch)[0].shape[0]
+    if size is None:
+      size = tf.shape(tf.nest.flatten(batch)[0])[0]
+    each, extra = size // num_local, size % num_local
 
     def replica_slice(context: tf.distribute.experimental.ValueContext):
-      start = (context.replica_id_in_sync_group % num_local) * size
-      return tf.nest.map_structure(lambda t: t[start:start + size], batch)
+      local = context.replica_id_in_sync_group % num_local
+      # The first `extra` replicas take `each + 1` examples, the others
+      # `each`: sizes differ by at most one, and the slices tile the batch.
+      start = local * each + _minimum(local, extra)
+      stop = start + each + _less(local, extra)
+      return tf.nest.map_structure(lambda t: t[start:stop], batch)
 
     return self._strategy.experimental_distribute_values_from_function(
         replica_slice)
+
+
+def _minimum(a: int, b):
+  """`min(a, b)`, in Python where `b` is a Python number."""
+  return min(a, b) if isinstance(b, int) else tf.minimum(a, b)
+
+
+def _less(a: int, b):
+  """`1 if a < b else 0`, in Python where `b` is a Python number."""
+  return int(a < b) if isinstance(b, int) else tf.cast(a < b, b.dtype)
 
 
 def check_unbatched(element_spec) -> None:

@@ -287,6 +287,12 @@ class Task:
                       ) -> Logs:
     """Runs one evaluation step on one replica's slice of a batch.
 
+    The slice is `eval_batch_size` over the replicas, but the partial last
+    batch is split as evenly as it goes (9 examples on 2 replicas: 5 and
+    4). A replica left with no example (a last batch smaller than the
+    replica count) does not call it, so on several replicas it must not
+    synchronise them (an all-reduce).
+
     Returns:
       Logs whose `loss` holds the per-example losses; the framework averages
       them over every evaluated example. Other entries are handed to
@@ -305,7 +311,9 @@ class Task:
     step's call gets `state=None` (create the state then), each later one
     the value the previous call returned; the last value goes to
     `reduce_aggregated_logs`.
-    Each value of `step_logs` is a tuple with one tensor per local replica.
+    Each value of `step_logs` is a tuple with one tensor per local replica;
+    a replica given no example of the step (it did not call
+    `validation_step`) has an empty one: no row, or 0 for a scalar.
     """
     del step_logs
     return state

@@ -2,15 +2,18 @@
 evaluation on EMA weights."""
 
 import contextlib
+import functools
 import json
 
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 import trainer
 from trainer import build
 from trainer import experiment
+from trainer.data import inputs as inputs_lib
 from trainer.loop.runner import evaluator as evaluator_lib
 from trainer.storage import evaluated
 from trainer.model import ema as ema_lib
@@ -91,6 +94,107 @@ def test_a_confusion_matrix_over_the_whole_eval_set(tmp_path):
   assert output["examples"] == 360.0
   assert output["matrix_accuracy"] == pytest.approx(output["accuracy"])
   assert output["accuracy"] > 0.5
+
+
+class _FirstDigits(digits.DigitsClassification):
+  """Digits evaluated on the first `count` images of the validation split."""
+
+  def __init__(self, count):
+    super().__init__(filters=8, hidden_units=32)
+    self.count = count
+
+  def build_inputs(self, training, input_context=None):
+    images, labels = digits.load_split(training)
+    return tf.data.Dataset.from_tensor_slices((images[:self.count],
+                                               labels[:self.count]))
+
+
+class _FirstDigitsConfusion(_FirstDigits, _ConfusionDigits):
+  """Those with the confusion matrix: a validation_step of its own."""
+
+
+@functools.lru_cache(maxsize=None)
+def _trained_weights():
+  """The small digits CNN's weights after 2 epochs: ~0.9 accuracy, so
+  that accuracy and the confusion matrix are not one class everywhere."""
+  tf_keras.utils.set_random_seed(0)
+  model = _FirstDigits(0).build_model()
+  model.compile(optimizer=tf_keras.optimizers.Adam(0.01),
+                loss=tf_keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True))
+  model.fit(*digits.load_split(True), batch_size=64, epochs=2, verbose=0)
+  return model.get_weights()
+
+
+def _evaluate(task, strategy, weights, run_eagerly=False):
+  """`task`'s model holding `weights` evaluated in eval batches of 64."""
+  with strategy.scope():
+    model = task.build_model()
+    model.set_weights(weights)
+    step = tf.Variable(0, dtype=tf.int64)
+  eval_input = inputs_lib.DistributedInput(
+      strategy, lambda context: task.build_inputs(False, context), 64,
+      training=False)
+  evaluator = evaluator_lib.TaskEvaluator(task, model, strategy, eval_input,
+                                          step, run_eagerly=run_eagerly)
+  return evaluator.evaluate(tf.constant(-1))
+
+
+# 201 examples end in a batch of 9 (5 + 4 over the replicas); 129 in a
+# batch of 1, as does a set of 1: a replica gets no example, which a Conv2D
+# model on oneDNN cannot be called on.
+@pytest.mark.parametrize("count, run_eagerly", [(201, False), (129, False),
+                                                (1, False), (1, True)])
+def test_a_cnn_on_two_replicas_equals_one_device_for_any_set_size(
+    count, run_eagerly):
+  task = _FirstDigitsConfusion(count)
+  weights = _trained_weights()
+  one = _evaluate(task, tf.distribute.OneDeviceStrategy("/cpu:0"), weights)
+  two = _evaluate(task, tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]),
+                  weights, run_eagerly)
+  assert one["examples"] == two["examples"] == float(count)
+  assert one["accuracy"] > (0.8 if count > 1 else 0.5)
+  assert two["accuracy"] == one["accuracy"]
+  assert two["matrix_accuracy"] == one["matrix_accuracy"]
+  assert two["loss"] == pytest.approx(one["loss"], rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.parametrize("count", [201, 1])
+def test_the_default_validation_step_on_an_empty_replica(count):
+  # Without `aggregate_logs` the replicas return no logs.
+  task = _FirstDigits(count)
+  weights = _trained_weights()
+  one = _evaluate(task, tf.distribute.OneDeviceStrategy("/cpu:0"), weights)
+  two = _evaluate(task, tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]),
+                  weights)
+  assert sorted(two) == ["accuracy", "loss"]
+  assert two["accuracy"] == one["accuracy"]
+  assert two["loss"] == pytest.approx(one["loss"], rel=1e-6, abs=1e-6)
+
+
+def test_a_validation_step_that_synchronises_replicas_is_refused():
+  class Synchronising(_FirstDigits):
+
+    def validation_step(self, inputs, model, metrics=None):
+      logs = super().validation_step(inputs, model, metrics)
+      logs["total"] = tf.distribute.get_replica_context().all_reduce(
+          "sum", tf.reduce_sum(logs["loss"]))
+      return logs
+
+  mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  # 201 examples: a last batch of 9 gives both replicas examples, so the
+  # step runs unguarded and may synchronise them.
+  assert sorted(_evaluate(Synchronising(201), mirrored,
+                          _trained_weights())) == ["accuracy", "loss"]
+  # 129: a last batch of 1 leaves a replica empty.
+  with pytest.raises(trainer.ConfigError) as raised:
+    _evaluate(Synchronising(129), mirrored, _trained_weights())
+  assert str(raised.value) == (
+      "Synchronising.validation_step synchronises the replicas (an "
+      "all-reduce, say), which this evaluation set cannot allow: its last "
+      "batch leaves a replica without examples (or its size is unknown), "
+      "and that replica skips the step. Return per-example values and "
+      "reduce them in `aggregate_logs`, or use a metric.")
 
 
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])

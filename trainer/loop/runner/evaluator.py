@@ -70,6 +70,7 @@ class TaskEvaluator(orbit.StandardEvaluator):
     self._aggregates = task_lib.overrides(task, "aggregate_logs")
     self._requested_steps = -1  # Of the current evaluation; -1: all.
     self._steps_run = 0
+    self._logs_spec = _LogsSpec()
     self._weights = weights
     self.set_name = set_name
     self.images: Dict[str, np.ndarray] = {}  # Of the last evaluation.
@@ -82,7 +83,8 @@ class TaskEvaluator(orbit.StandardEvaluator):
     """Evaluates with the model holding the weights to evaluate.
 
     Raises:
-      errors.ConfigError: If the eval set ended before `num_steps` batches.
+      errors.ConfigError: If the eval set ended before `num_steps` batches,
+        or `validation_step` synchronises the replicas.
       errors.RunError: If an input file is damaged, naming it.
     """
     self._requested_steps = int(num_steps)
@@ -97,6 +99,17 @@ class TaskEvaluator(orbit.StandardEvaluator):
       except tf.errors.DataLossError as e:
         raise errors.RunError(data_loss.describe(e, self._input.dataset)
                               ) from e
+      except RuntimeError as e:
+        if "`merge_call` called while defining" not in str(e):
+          raise
+        # A synchronisation point inside the `tf.cond` of `_replica_step`.
+        raise errors.ConfigError(
+            f"{type(self.task).__name__}.validation_step synchronises the "
+            "replicas (an all-reduce, say), which this evaluation set "
+            "cannot allow: its last batch leaves a replica without examples "
+            "(or its size is unknown), and that replica skips the step. "
+            "Return per-example values and reduce them in `aggregate_logs`, "
+            "or use a metric.") from e
 
   def eval_begin(self):
     self._steps_run = 0
@@ -107,9 +120,41 @@ class TaskEvaluator(orbit.StandardEvaluator):
     return None
 
   def _replica_step(self, inputs):
+    if not self._input.may_leave_replicas_empty:
+      return self._validation_step(inputs)
+    # A last batch smaller than the replica count leaves replicas with no
+    # example, and a model called on an empty batch is not safe: oneDNN's
+    # Conv2D and BiasAdd fail on one ("input depth must be evenly divisible
+    # by filter depth"). Such a replica skips `validation_step`: what it
+    # would add to the loss and the metrics (nothing) is exact without it,
+    # where padding would need a weight for every example, which neither
+    # `validation_step` nor the metrics take. Its logs for `aggregate_logs`
+    # are empty: no row where they have one per example, 0 for a scalar.
+    # (Inside `tf.cond`, a `validation_step` may not synchronise the
+    # replicas, an all-reduce say: `evaluate` says so.)
+    count = tf.shape(tf.nest.flatten(inputs)[0])[0]
+    return tf.cond(count > 0, lambda: self._validation_step(inputs),
+                   self._no_logs)
+
+  def _validation_step(self, inputs):
+    """`validation_step` on this replica's examples; folds the loss into
+    the mean and returns the other logs."""
     logs = dict(self.task.validation_step(inputs, self.model, self.metrics))
     self._loss.update_state(logs.pop("loss"))
+    # What `_no_logs` gives a replica without examples has this structure.
+    self._logs_spec.value = tf.nest.map_structure(_spec, logs)
     return logs
+
+  def _no_logs(self):
+    """The logs of a replica given no example, shaped as its others'.
+
+    `tf.cond` builds its true branch (`_validation_step`) first; running
+    eagerly, the first replica, which always has examples, runs first.
+    """
+    if self._logs_spec.value is None:
+      raise RuntimeError("the empty logs were asked for before the logs "
+                         "of a replica with examples were built.")
+    return tf.nest.map_structure(_empty, self._logs_spec.value)
 
   def eval_step(self, iterator):
     batch = self._input.split(next(iterator))
@@ -148,6 +193,30 @@ class TaskEvaluator(orbit.StandardEvaluator):
     # Python floats print readably in Orbit's eval line.
     return {name: float(value) for name, value in results.items()
             if name not in self.images}
+
+
+class _LogsSpec:
+  """The structure, shapes and types of `validation_step`'s logs (less the
+  loss) once built. A plain object: `tf.Module` would wrap a dict attribute
+  in a tracking proxy."""
+
+  value = None
+
+
+def _spec(value) -> tf.TensorSpec:
+  """The shape and type of a log `validation_step` returned."""
+  value = tf.convert_to_tensor(value)
+  return tf.TensorSpec(value.shape, value.dtype)
+
+
+def _empty(spec: tf.TensorSpec) -> tf.Tensor:
+  """A log with no example: no row (other sizes unknown: 0), or 0 for a
+  scalar."""
+  if spec.shape.rank == 0:
+    return tf.zeros([], spec.dtype)
+  if spec.shape.rank is None:
+    return tf.zeros([0], spec.dtype)
+  return tf.zeros([0] + [size or 0 for size in spec.shape[1:]], spec.dtype)
 
 
 class SetsEvaluator(orbit.AbstractEvaluator):
