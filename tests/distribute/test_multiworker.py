@@ -81,6 +81,31 @@ def test_two_workers_train_digits_in_sync(tmp_path):
 
 
 @pytest.mark.slow
+def test_two_workers_train_a_mixture_and_evaluate_named_sets(tmp_path):
+  model_dir = tmp_path / "run"
+  outputs = helpers.finish(_start_workers(
+      model_dir, "--gin_param=trainer.train_steps=200",
+      "--gin_param=trainer.validation_interval=100",
+      gin_file="gin/digits_mixture.gin"))
+  for returncode, stdout, stderr in outputs:
+    assert returncode == 0, stderr[-3000:]
+  (_, chief, _), (_, other, _) = outputs
+  assert _fingerprint(chief) == _fingerprint(other)
+  # Each worker draws its own pipeline's mixture at the same rates.
+  for stdout in (chief, other):
+    assert ("mixture | clean 0.7, perturbed 0.3 (from `trainer.mixture`; a "
+            "source that runs out starts over)") in stdout
+  # The chief evaluates every set, each in its own TensorBoard run, and
+  # keeps the best by the perturbed set.
+  for name in ("clean", "perturbed", "test"):
+    evals = helpers.read_scalars(str(model_dir / "eval" / name))
+    assert [step for step, _ in evals["accuracy"]] == [100, 200]
+  assert "best | step " in chief and "perturbed/accuracy" in chief
+  shares = helpers.read_scalars(str(model_dir / "train"))
+  assert shares["mixture/clean"] and shares["mixture/perturbed/loss"]
+
+
+@pytest.mark.slow
 def test_two_workers_train_several_models_in_sync(tmp_path):
   # The conditional GAN: three models and optimizers, each update summed
   # over both workers' replicas by `trainer.minimize`.

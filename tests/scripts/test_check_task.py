@@ -215,16 +215,18 @@ CASES = {
     "flat_labels": "FlatLabels",
     "own_metrics": "OwnMetrics",
     "two_models": "TwoModels",
-    "mixture": "Mixed",
     "sets": "Sets",
-    "batch_mean": "BatchMeanMetric",
 }
-# Checked by slow tests (`slow_checks`): the shipped digits tasks, and a
-# second several-model case, each as long as three of the above.
+# Checked by slow tests (`slow_checks`): the shipped digits tasks, a second
+# several-model case, each as long as three of the above, a mixture and a
+# metric that fails on replicas (each has a sibling above: the default
+# suite stays within its bound).
 SLOW_CASES = {
     "digits": "gin/digits.gin",
     "pipeline": "gin/digits_pipeline.gin",
     "two_models_averaging": "TwoModelsAveraging",
+    "mixture": "Mixed",
+    "batch_mean": "BatchMeanMetric",
 }
 
 
@@ -318,8 +320,9 @@ def test_a_correct_task_passes_with_its_figures(checks):
                        "and 2 replicas and resumes exactly")
 
 
-def test_a_mixture_is_checked_with_its_sampling_position(checks):
-  code, lines, stderr = checks["mixture"].result()
+@pytest.mark.slow
+def test_a_mixture_is_checked_with_its_sampling_position(slow_checks):
+  code, lines, stderr = slow_checks["mixture"].result()
   assert code == 0, stderr[-2000:]
   assert lines[1:3] == [
       "PASS build_inputs: a mixture of clean: single examples ((4,) "
@@ -352,8 +355,9 @@ def test_each_evaluation_set_is_checked_on_replicas(checks):
   assert line(lines, "PASS eval: the same weights on 1 / 2 replicas: loss ")
 
 
-def test_a_metric_that_depends_on_the_split_fails_naming_it(checks):
-  code, lines, stderr = checks["batch_mean"].result()
+@pytest.mark.slow
+def test_a_metric_that_depends_on_the_split_fails_naming_it(slow_checks):
+  code, lines, stderr = slow_checks["batch_mean"].result()
   assert code == 1, stderr[-2000:]
   failed = [text for text in lines if text.startswith("FAIL eval ")]
   assert failed, lines
