@@ -383,12 +383,20 @@ def evaluate_sets(task: task_lib.Task, run: Run,
   the replicas); by set name, None for a Task's one unnamed set."""
   strategy = run.trainer.strategy
   results = {}
-  for name, eval_input in inputs_lib.for_eval_sets(
-      task, strategy, config, runtime).items():
-    evaluator = evaluator_lib.TaskEvaluator(
-        task, run.model, strategy, eval_input, run.trainer.global_step,
-        set_name=name)
-    results[name] = evaluator.evaluate(tf.constant(-1))
+  # Each set's evaluator traces its own step: TensorFlow's retracing
+  # warning would name the framework's evaluator between the lines.
+  logger = tf.get_logger()
+  level = logger.level
+  logger.setLevel("ERROR")
+  try:
+    for name, eval_input in inputs_lib.for_eval_sets(
+        task, strategy, config, runtime).items():
+      evaluator = evaluator_lib.TaskEvaluator(
+          task, run.model, strategy, eval_input, run.trainer.global_step,
+          set_name=name)
+      results[name] = evaluator.evaluate(tf.constant(-1))
+  finally:
+    logger.setLevel(level)
   return results
 
 

@@ -22,7 +22,14 @@ TIMEOUT = 240
 
 
 @pytest.mark.slow
-def test_chief_workers_ps_and_evaluator_train_digits(tmp_path):
+@pytest.mark.parametrize("gin_file, sets", [
+    ("gin/digits.gin", [None]),
+    # Several datasets: a mixture on the workers, three named sets on the
+    # evaluator.
+    ("gin/digits_mixture.gin", ["clean", "perturbed", "test"]),
+], ids=["digits", "mixture"])
+def test_chief_workers_ps_and_evaluator_train_digits(tmp_path, gin_file,
+                                                     sets):
   ports = [f"127.0.0.1:{port}" for port in helpers.free_ports(4)]
   cluster = {"chief": ports[:1], "worker": ports[1:3], "ps": ports[3:]}
   model_dir = tmp_path / "run"
@@ -31,7 +38,7 @@ def test_chief_workers_ps_and_evaluator_train_digits(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CONFIG=json.dumps(
         {"cluster": cluster, "task": {"type": task_type, "index": index}}))
     return subprocess.Popen(
-        [sys.executable, helpers.TRAIN_PY, "--gin_file=gin/digits.gin",
+        [sys.executable, helpers.TRAIN_PY, f"--gin_file={gin_file}",
          "--gin_file=gin/runtime/parameter_server.gin",
          "--gin_param=trainer.train_steps=400",
          "--gin_param=trainer.checkpoint_interval=200",
@@ -62,10 +69,20 @@ def test_chief_workers_ps_and_evaluator_train_digits(tmp_path):
   assert helpers.checkpoint_step(str(model_dir)) == 400
 
   assert evaluator.returncode == 0, evaluator_out[-3000:]
-  evals = helpers.read_scalars(str(model_dir / "eval"))
-  steps = [step for step, _ in evals["accuracy"]]
-  assert steps[-1] == 400, evaluator_out[-3000:]
-  assert evals["accuracy"][-1][1] >= 0.95
+  for name in sets:
+    evals = helpers.read_scalars(str(
+        model_dir / "eval" / (name or "")))
+    steps = [step for step, _ in evals["accuracy"]]
+    assert steps[-1] == 400, evaluator_out[-3000:]
+    if name is None:
+      assert evals["accuracy"][-1][1] >= 0.95
+    elif name == "clean":  # 400 steps, 30% of them on perturbed images.
+      assert evals["accuracy"][-1][1] >= 0.9
+  if sets != [None]:
+    assert "mixture | clean 0.7, perturbed 0.3" in chief_out
+    shares = helpers.read_scalars(str(model_dir / "train"))
+    clean = [value for _, value in shares["mixture/clean"]]
+    assert abs(sum(clean) / len(clean) - 0.7) < 0.05, clean
 
 
 def test_roles_run_the_modes_they_can(tmp_path, monkeypatch):
