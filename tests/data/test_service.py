@@ -121,6 +121,26 @@ def test_digits_train_on_service_batches_and_survive_a_lost_worker(
   assert helpers.final_accuracy(resumed.stdout) >= 0.95
 
 
+@pytest.mark.slow
+def test_the_shipped_mixture_trains_on_service_batches(tmp_path, service):
+  address, _ = service
+  result = helpers.run_cli(
+      ["--gin_file=gin/digits_mixture.gin", "--model_dir=runs/mix",
+       f"--gin_param=runtime.data_service=\"{address}\"",
+       "--gin_param=trainer.train_steps=500"],
+      cwd=str(tmp_path), timeout=TIMEOUT)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert ("mixture | clean 0.7, perturbed 0.3 (from `trainer.mixture`; a "
+          "source that runs out starts over)") in result.stdout
+  # The sources travel with the batches from the service's workers: the
+  # shares of 32,000 examples are the rates', within 4 sigma.
+  shares = helpers.read_scalars(str(tmp_path / "runs" / "mix" / "train"))
+  clean = sum(value for _, value in shares["mixture/clean"]) / len(
+      shares["mixture/clean"])
+  assert abs(clean - 0.7) < 4 * (0.21 / 32000) ** 0.5, clean
+  assert "final eval | clean/accuracy" in result.stdout
+
+
 @pytest.mark.parametrize("settings, message", [
     (dict(data_service="grpc://127.0.0.1:5050", deterministic=True),
      "`runtime.deterministic` cannot be used with `runtime.data_service`: "
