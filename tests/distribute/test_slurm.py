@@ -32,7 +32,11 @@ MWMS = '--gin_param=runtime.distribution_strategy="multi_worker_mirrored"'
 # One configuration for every deterministic run compared below.
 DIGITS = ["--gin_file=gin/digits.gin", "--gin_param=runtime.deterministic=True",
           "--mode=train"]
-LONG_STEPS = 3000
+# Long enough that a job under a 1-minute limit is still training when
+# SLURM's time-limit signal comes (slurmctld checks limits on a cycle, so
+# it may come well after the `--signal` time): 3000 steps finished in 25 s
+# here once, before it came.
+LONG_STEPS = 6000
 
 # (host list, what `scontrol show hostnames` prints), recorded from SLURM
 # 22.05 and checked against it again where it is installed.
