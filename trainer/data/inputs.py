@@ -199,10 +199,10 @@ class DistributedInput:
     if not self._training:
       # A set of known size whose last batch gives every replica an example
       # needs no guard for an empty replica (`may_leave_replicas_empty`).
-      examples = (int(dataset.cardinality()) if tf.executing_eagerly()
-                  else -1)
+      examples = _known_size(dataset)
       self._short_last_batch = (
-          examples < 0 or 0 < examples % batch_size < self._num_local_replicas)
+          examples is None or
+          0 < examples % batch_size < self._num_local_replicas)
     blocks = _BLOCKS.get(dataset)
     if blocks is not None:
       dataset = blocks
@@ -619,8 +619,7 @@ def for_eval_sets(task: task_lib.Task, strategy: tf.distribute.Strategy,
   built = {}
   for name in eval_sets.chosen_names(list(unused), config.eval_sets):
     dataset = unused[name]
-    if (named and isinstance(dataset, tf.data.Dataset) and
-        tf.executing_eagerly() and int(dataset.cardinality()) == 0):
+    if named and _known_size(dataset) == 0:
       raise errors.ConfigError(f"the evaluation set {name!r} is empty.")
     built[name] = for_task(task, False, strategy, config, runtime, worker,
                            dataset_fn=set_fn(name))
