@@ -164,6 +164,23 @@ def checkpoint_step(model_dir: str) -> int:
   return int(reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE"))
 
 
+def kill_after_first_save(run: "TrainProcess", model_dir: str, seed: int,
+                          spread: float, first: int = 20) -> int:
+  """SIGKILLs `run` at a random moment (seeded) within `spread` seconds of
+  its checkpoint of step `first`; returns the step of the newest checkpoint
+  it left in `model_dir`, at least `first`."""
+  import random  # pylint: disable=g-import-not-at-top
+  try:
+    run.wait_for(rf"saved checkpoint .*ckpt-{first}$", timeout=120)
+    time.sleep(random.Random(seed).uniform(0.0, spread))
+    run.process.kill()
+  finally:
+    run.close()
+  saved = checkpoint_step(model_dir)
+  assert saved >= first
+  return saved
+
+
 def latest_step(model_dir: str) -> int:
   """The newest checkpoint's number in `model_dir`'s state file; -1 if
   none (read while a run may be saving)."""

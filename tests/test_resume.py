@@ -11,9 +11,7 @@ resume step instead.)"""
 
 import dataclasses
 import os
-import random
 import shutil
-import time
 
 import numpy as np
 import pytest
@@ -62,15 +60,9 @@ def _args(strategy, train_steps, model_dir):
 def test_sigkill_at_a_random_moment_then_restart_is_exact(
     tmp_path, strategy, seed):
   model_dir = tmp_path / "killed"
-  killed = helpers.TrainProcess(_args(strategy, 100000, model_dir))
-  try:
-    killed.wait_for(r"saved checkpoint .*ckpt-20$", timeout=120)
-    time.sleep(random.Random(seed).uniform(0.0, 1.5))
-    killed.process.kill()
-  finally:
-    killed.close()
-  saved = helpers.checkpoint_step(str(model_dir))
-  assert saved >= 20
+  saved = helpers.kill_after_first_save(
+      helpers.TrainProcess(_args(strategy, 100000, model_dir)),
+      str(model_dir), seed, spread=1.5)
 
   final = saved + 40
   resumed = helpers.TrainProcess(_args(strategy, final, model_dir))

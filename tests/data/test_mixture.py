@@ -378,18 +378,9 @@ def _next_batches(model_dir, count=3):
 def test_a_mixture_killed_and_resumed_ends_as_one_never_interrupted(
     mixed_cli, tmp_path, seed):
   import helpers  # pylint: disable=g-import-not-at-top
-  import random  # pylint: disable=g-import-not-at-top
-  import time  # pylint: disable=g-import-not-at-top
   killed_dir, straight_dir = tmp_path / "killed", tmp_path / "straight"
-  killed = mixed_cli(killed_dir, 100000)
-  try:
-    killed.wait_for(r"saved checkpoint .*ckpt-20$", timeout=120)
-    time.sleep(random.Random(seed).uniform(0.0, 1.0))
-    killed.process.kill()
-  finally:
-    killed.close()
-  saved = helpers.checkpoint_step(str(killed_dir))
-  assert saved >= 20
+  saved = helpers.kill_after_first_save(
+      mixed_cli(killed_dir, 100000), str(killed_dir), seed, spread=1.0)
   final = saved + 40
   resumed = mixed_cli(killed_dir, final)
   assert resumed.finish() == 0, resumed.stderr[-2000:]
