@@ -49,3 +49,15 @@ def test_operative_config_file_and_text_summary(tmp_path):
   with open(path) as f:
     assert "probe.value = 42" in f.read()
   assert "operative_config" in helpers.read_tags(str(tmp_path / "train"))
+
+
+def test_named_sets_leave_no_empty_event_file_in_the_root(tmp_path):
+  step = tf.Variable(3, dtype=tf.int64)
+  manager = summaries.RunsSummaryManager(str(tmp_path), ("clean",), step)
+  with manager.summary_writer().as_default():  # As an evaluation runs.
+    manager.summary_writer("clean")
+  manager.write_summaries({"clean/accuracy": 0.75})
+  manager.flush()
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["clean"]
+  assert helpers.read_scalars(str(tmp_path / "clean")) == {
+      "accuracy": [(3, 0.75)]}

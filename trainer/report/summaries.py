@@ -1,6 +1,7 @@
 """TensorBoard summaries: a lazily made writer, scalars, images and the
 operative gin config."""
 
+import contextlib
 import os
 from typing import Dict, Mapping, Optional, Sequence, Union
 
@@ -39,6 +40,25 @@ class LazyWriter:
     return self._writer
 
 
+class _RootWriter(LazyWriter):
+  """The root writer of named runs: `as_default` sets no default writer
+  until `create` (or an earlier `as_default` that did) has made its file.
+
+  Summaries a Task writes itself while a named set is evaluated
+  (`tf.summary` in `validation_step`) are not recorded: return them as
+  metrics, which go to the set's run.
+  """
+
+  def as_default(self, step: Optional[int] = None):
+    if self._writer is None:
+      return contextlib.nullcontext()
+    return self._writer.as_default(step=step)
+
+  def create(self) -> None:
+    """Makes the writer and its event file, for results written to it."""
+    self._get()
+
+
 class RunsSummaryManager(orbit.utils.SummaryManager):
   """Orbit's summary manager (scalars at the global step) that writes a
   result named `<run>/<tag>`, for each of `runs`, as `tag` in its own
@@ -51,8 +71,31 @@ class RunsSummaryManager(orbit.utils.SummaryManager):
     super().__init__(summary_dir, tf.summary.scalar, global_step=global_step)
     self._runs = tuple(runs)
 
+  def summary_writer(self, relative_path: str = "") -> LazyWriter:
+    """Returns the writer of `summary_dir/relative_path`, whose event file
+    is made at its first summary.
+
+    The root's is the default writer while the sets are evaluated, and
+    makes no file for that alone (`_RootWriter`): every result is a set's,
+    so `eval/` holds the sets' runs and no empty event file beside them.
+    """
+    if relative_path not in self._summary_writers:
+      kind = _RootWriter if relative_path == "" else LazyWriter
+      self._summary_writers[relative_path] = kind(
+          os.path.join(self._summary_dir, relative_path))
+    return self._summary_writers[relative_path]
+
   def write_summaries(self, summary_dict: Mapping[str, object]) -> None:
-    super().write_summaries(by_run(summary_dict, self._runs))
+    nested = by_run(summary_dict, self._runs)
+    root = {name: value for name, value in nested.items()
+            if not isinstance(value, dict)}
+    if root:  # Results that are no set's (`steps_per_second`).
+      self.summary_writer().create()
+    super().write_summaries(nested)
+
+  def flush(self) -> None:
+    for writer in self._summary_writers.values():
+      writer.flush()
 
 
 def by_run(results: Mapping[str, object], runs: Sequence[str]
