@@ -392,7 +392,8 @@ def controller(built: Parts, write_dir: str, *,
           input_stale_until=input_stale_until),
       guard=train.guard, preemption=watcher if training else None,
       hooks=train.hooks,
-      restored_fn=_after_restore(built) if training else None)
+      restored_fn=_after_restore(built) if training else None,
+      held_out_sets=config.held_out_sets)
   return found
 
 

@@ -197,7 +197,8 @@ def main(model_dir: str, task: task_lib.Task,
                              receiver=receiver)
   if results and FLAGS.mode not in TRAINING_MODES:
     # A training run's closing block holds its final evaluation.
-    console.info(f"final eval | {run_report.format_results(results)}")
+    console.info("final eval | " + run_report.format_results(
+        results, config.held_out_sets))
   return 0
 
 
@@ -221,13 +222,14 @@ def dry_run(task: task_lib.Task, runtime: runtime_lib.RuntimeConfig,
     with _one_line_failures():
       results = experiment.run(task, "train_and_eval", directory, runtime,
                                trial, restore_dir=restore_dir,
-                               receiver=receiver)
+                               receiver=receiver, dry_run=True)
   console.info("dry run | resolved configuration:\n" +
                gin.operative_config_str().rstrip())
   origin = (f"from the checkpoint at step {start} in {model_dir}" if start
             else "from scratch")
   console.info(f"dry run | ok: one train step ({origin}) and one eval step "
-               f"ran | {run_report.format_results(results)}")
+               "ran | " + run_report.format_results(results,
+                                                    config.held_out_sets))
   return 0
 
 

@@ -46,7 +46,8 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
         runtime: Optional[runtime_lib.RuntimeConfig] = None,
         config: Optional[config_lib.TrainerConfig] = None,
         restore_dir: Optional[str] = None,
-        receiver: Optional[preemption.Receiver] = None) -> Dict[str, Any]:
+        receiver: Optional[preemption.Receiver] = None,
+        dry_run: bool = False) -> Dict[str, Any]:
   """Trains and/or evaluates `task` in `model_dir`.
 
   Args:
@@ -61,6 +62,8 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
       writes elsewhere); it is only read.
     receiver: The process's signal receiver (`train.py`'s); None: a
       signal is caught by Python handlers while training.
+    dry_run: Whether `model_dir` is `--dry_run`'s temporary directory, as
+      the run's header says.
 
   Returns:
     The last evaluation's results (name -> NumPy value), or {} if none ran.
@@ -94,7 +97,7 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
         if runtime.distribution_strategy == "parameter_server"
         else contextlib.nullcontext()):
     return _build_and_run(task, mode, model_dir, runtime, config,
-                          restore_dir, started, membership, receiver)
+                          restore_dir, started, membership, receiver, dry_run)
 
 
 def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
@@ -102,7 +105,8 @@ def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
                    config: config_lib.TrainerConfig,
                    restore_dir: str, started: float,
                    membership: cluster.Membership,
-                   receiver: Optional[preemption.Receiver]) -> Dict[str, Any]:
+                   receiver: Optional[preemption.Receiver],
+                   dry_run: bool) -> Dict[str, Any]:
   """Builds the parts and the controller, then runs `mode`; see `run`.
 
   What building says (optimizers, placement, the restore) follows the
@@ -144,7 +148,8 @@ def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
           training=parts.training, evaluating=parts.evaluating,
           unchecked_train_step=(
               task_lib.overrides(task, "train_step") and
-              not (parts.trainer and parts.trainer.checks_loss_scaling))))
+              not (parts.trainer and parts.trainer.checks_loss_scaling)),
+          dry_run=dry_run))
       if controller.step:
         _resume(parts, controller.step, resume)
       with _stall_watch(parts, controller, watcher):
@@ -263,7 +268,7 @@ def _run_mode(parts: build.Parts, controller: controller_lib.Controller,
       best_dir=best.directory if best else None,
       checkpoint=(tf.train.latest_checkpoint(write_dir)
                   if parts.worker.is_chief else None),
-      export=directory))
+      export=directory, held_out=config.held_out_sets))
   return output
 
 

@@ -19,6 +19,13 @@ def test_results_are_formatted_like_the_summary():
            "accuracy 0.9944 | bad nan | loss 0.0198 | samples [80x80x1]")
 
 
+def test_a_held_out_sets_results_are_marked():
+  assert run_report.format_results(
+      {"clean/accuracy": 0.5, "test/accuracy": 0.25, "tested/loss": 1.0},
+      held_out=("test",)) == ("clean/accuracy 0.5000 | test/accuracy 0.2500 "
+                              "(held out) | tested/loss 1.0000")
+
+
 def test_orbits_evaluation_speed_is_not_a_result():
   # Orbit adds it to a fixed-length evaluation's output (`--dry_run` runs
   # one step); the eval summaries keep it, the result lines do not.

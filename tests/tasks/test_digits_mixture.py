@@ -58,6 +58,16 @@ def test_dry_run_names_the_sources_their_sizes_and_the_sets(tmp_path):
   assert ("eval sets | clean: 3 batch(es) of 60 (1 evaluated), perturbed: 3 "
           "batch(es) of 60 (1 evaluated), test: 3 batch(es) of 60 (1 "
           "evaluated; held out, never judged)") in lines
+  # The held-out set's results are marked wherever results are listed.
+  ran = next(line for line in lines if line.startswith("dry run | ok"))
+  assert " | test/accuracy " in ran and ran.endswith(" (held out)"), ran
+  assert "clean/accuracy" in ran and "clean/loss" in ran
+  assert not any("(held out)" in part for part in ran.split(" | ")
+                 if part.startswith(("clean/", "perturbed/"))), ran
+  # The header names no directory that is gone when the dry run ends.
+  assert ("run | DigitsMixture, train_and_eval in a temporary directory (a "
+          "dry run: deleted after): new") in lines
+  assert not any("tensorboard" in line for line in lines)
   assert not (tmp_path / "mix").exists()
 
 

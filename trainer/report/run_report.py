@@ -16,7 +16,7 @@ The closing block (after the last step and evaluation) what it left:
 """
 
 import os
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -37,12 +37,21 @@ def format_value(value: Any) -> str:
 _NOT_RESULTS = frozenset({"steps_per_second"})
 
 
-def format_results(results: Mapping[str, Any]) -> str:
+# Follows each result of a set never judged (`trainer.held_out_sets`).
+HELD_OUT_MARK = " (held out)"
+
+
+def format_results(results: Mapping[str, Any],
+                   held_out: Sequence[str] = ()) -> str:
   """Evaluation results as `name value | ...`, in name order (Orbit's
-  `steps_per_second` left out)."""
-  return " | ".join(f"{name} {format_value(value)}"
-                    for name, value in sorted(results.items())
-                    if name not in _NOT_RESULTS)
+  `steps_per_second` left out); a result of a set in `held_out` (the named
+  sets never judged) is marked `(held out)`."""
+  held_out = tuple(held_out)
+  return " | ".join(
+      f"{name} {format_value(value)}"
+      f"{HELD_OUT_MARK if name.partition('/')[0] in held_out else ''}"
+      for name, value in sorted(results.items())
+      if name not in _NOT_RESULTS)
 
 
 def _device_names(strategy: tf.distribute.Strategy) -> str:
@@ -116,9 +125,8 @@ def _setup(strategy: tf.distribute.Strategy, runtime, config,
   return parts
 
 
-def _plan(config, model_dir: str, training: bool,
-          evaluating: bool) -> List[str]:
-  """What the run will do, and where to watch it."""
+def _plan(config, training: bool, evaluating: bool) -> List[str]:
+  """What the run will do."""
   plan = []
   if training:
     plan.append(f"to step {config.train_steps}")
@@ -127,7 +135,6 @@ def _plan(config, model_dir: str, training: bool,
                    "and at the end")
     elif evaluating:
       plan[-1] += ", evaluating at the end"
-  plan.append(f"tensorboard --logdir {model_dir}")
   return plan
 
 
@@ -135,7 +142,8 @@ def header(*, task_name: str, mode: str, model_dir: str,
            strategy: tf.distribute.Strategy, runtime, config,
            num_workers: int, restored_path: Optional[str], step: int,
            training: bool, evaluating: bool,
-           unchecked_train_step: bool = False) -> List[str]:
+           unchecked_train_step: bool = False,
+           dry_run: bool = False) -> List[str]:
   """Returns the header lines of a run.
 
   Args:
@@ -155,13 +163,19 @@ def header(*, task_name: str, mode: str, model_dir: str,
       run on several replicas then says how to check it (a loss averaged
       over the replica's batch trains, on N replicas, with N times the
       gradient).
+    dry_run: Whether `model_dir` is a dry run's temporary directory,
+      deleted after it: named as such, with no TensorBoard command for it.
   """
-  lines = [f"run | {task_name}, {mode} in {model_dir}: "
+  place = ("a temporary directory (a dry run: deleted after)" if dry_run
+           else model_dir)
+  plan = _plan(config, training, evaluating)
+  if not dry_run:
+    plan.append(f"tensorboard --logdir {model_dir}")
+  lines = [f"run | {task_name}, {mode} in {place}: "
            f"{_origin(restored_path, step, training)}",
            "run | " + " | ".join(_setup(strategy, runtime, config,
                                         num_workers, training)),
-           "run | " + " | ".join(_plan(config, model_dir, training,
-                                       evaluating))]
+           "run | " + " | ".join(plan)]
   replicas = strategy.num_replicas_in_sync
   if (unchecked_train_step and training and replicas > 1 and
       not restored_path):
@@ -176,7 +190,8 @@ def header(*, task_name: str, mode: str, model_dir: str,
 def closing(*, step: int, start_step: int, seconds: float, fingerprint: str,
             results: Optional[Dict[str, Any]], best: Optional[Dict[str, Any]],
             best_dir: Optional[str], checkpoint: Optional[str],
-            export: Optional[str]) -> List[str]:
+            export: Optional[str], held_out: Sequence[str] = ()
+            ) -> List[str]:
   """Returns the closing lines of a run that trained.
 
   Args:
@@ -189,6 +204,7 @@ def closing(*, step: int, start_step: int, seconds: float, fingerprint: str,
     best_dir: Where the best checkpoint is.
     checkpoint: The newest checkpoint's path, or None.
     export: The SavedModel exported at the end, or None.
+    held_out: The named sets never judged, marked in the results.
   """
   lines = [f"train | finished at step {step} | {step - start_step} steps in "
            f"{seconds:.1f} s | weights fingerprint {fingerprint}"]
@@ -205,7 +221,7 @@ def closing(*, step: int, start_step: int, seconds: float, fingerprint: str,
                  f"{best_dir}")
   # Last, as scripts reading a run's results expect.
   if results:
-    lines.append(f"final eval | {format_results(results)}")
+    lines.append(f"final eval | {format_results(results, held_out)}")
   return lines
 
 

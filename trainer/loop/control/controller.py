@@ -116,7 +116,8 @@ class Controller(orbit.Controller):
       guard: Optional[rollback.NonFiniteGuard] = None,
       preemption: Optional[watcher_lib.Watcher] = None,
       hooks: Sequence[loop_hooks.LoopHook] = (),
-      restored_fn: Optional[Callable[[], None]] = None):
+      restored_fn: Optional[Callable[[], None]] = None,
+      held_out_sets: Sequence[str] = ()):
     """Builds the controller; restores the newest checkpoint if there is one.
 
     The arguments from `global_step` to `eval_summary_manager` are
@@ -158,6 +159,9 @@ class Controller(orbit.Controller):
       restored_fn: Called after every restore of a checkpoint (the first,
         a rollback's), in the strategy scope: puts the configured optimizer
         hyperparameters over the checkpoint's.
+      held_out_sets: The named evaluation sets never judged
+        (`trainer.held_out_sets`): their results are marked `(held out)` in
+        the `eval |` line.
 
     Raises:
       ValueError: As `orbit.Controller`'s, for a missing trainer and
@@ -169,6 +173,7 @@ class Controller(orbit.Controller):
     self._preemption = preemption
     self._hooks = tuple(hooks)
     self._restored_fn = restored_fn
+    self._held_out_sets = tuple(held_out_sets)
     # Each hook is called only where it does something: a method it does not
     # override costs no call per loop.
     self._clipping_hooks = _overriding(self._hooks, "clip")
@@ -337,7 +342,8 @@ class Controller(orbit.Controller):
     values = tf.nest.map_structure(orbit.utils.get_value, output)
     if steps > 0:
       values["steps_per_second"] = steps / elapsed
-    console.info(f"eval | step {step} | {run_report.format_results(values)} "
+    console.info(f"eval | step {step} | "
+                 f"{run_report.format_results(values, self._held_out_sets)} "
                  f"| {elapsed:.1f} s")
     for action in self.eval_actions:  # Their lines after the results.
       action(output)
