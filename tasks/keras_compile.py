@@ -51,8 +51,8 @@ def _by_name(setting: str, name: str, module, kind: str) -> Any:
   hint = f" (did you mean '{close[0]}'?)" if close else ""
   raise errors.ConfigError(
       f"`{setting}` ({name!r}) is no Keras {kind}{hint}: name one of "
-      f"tf_keras.{kind}es ({'losses' if kind == 'loss' else 'metrics'}) "
-      "or give a tf_keras object.")
+      f"`tf_keras.{module.__name__.rsplit('.', 1)[-1]}` or give a tf_keras "
+      "object.")
 
 
 def _takes(function: Callable, argument: str) -> bool:
