@@ -48,6 +48,7 @@ class KerasModelTask(trainer.Task):
                loss: Any = None,
                from_logits: Optional[bool] = None,
                metrics: Sequence[Any] = (),
+               weighted_metrics: Sequence[Any] = (),
                train_data: Optional[DataFn] = None,
                eval_data: Union[DataFn, Dict[str, DataFn], None] = None,
                tfds_name: Optional[str] = None,
@@ -72,7 +73,9 @@ class KerasModelTask(trainer.Task):
         by name or class; None keeps Keras's default (False).
       metrics: Keras metric names (`"accuracy"`, chosen by the shapes as
         `compile` does; `"mae"`, `"AUC"`), tf_keras `Metric`s or metric
-        functions.
+        functions; as in `compile`, they ignore sample weights.
+      weighted_metrics: The same, weighted by the examples' sample weights
+        (named `weighted_<name>` where a metric has the name).
       train_data: A function returning the training `tf.data.Dataset` of
         single `(x, y)` or `(x, y, sample_weight)` examples, unbatched (the
         framework batches by `trainer.global_batch_size` and repeats it);
@@ -101,6 +104,8 @@ class KerasModelTask(trainer.Task):
     self.model_file = model_file
     self.loss = keras_compile.loss(f"{NAME}.loss", loss, from_logits)
     self.metric_factories = keras_compile.metrics(f"{NAME}.metrics", metrics)
+    self.weighted_factories = keras_compile.metrics(
+        f"{NAME}.weighted_metrics", weighted_metrics)
     self.train_data = train_data
     self.eval_data = eval_data
     self.tfds_name = tfds_name
@@ -257,7 +262,15 @@ class KerasModelTask(trainer.Task):
 
   def build_metrics(self, training: bool = True):
     del training
-    return [factory() for factory in self.metric_factories]
+    metrics = [factory() for factory in self.metric_factories]
+    names = {metric.name for metric in metrics}
+    for factory in self.weighted_factories:
+      metric = factory()
+      if metric.name in names:  # As `compile` names it.
+        metric._name = f"weighted_{metric.name}"  # pylint: disable=protected-access
+      metric.by_sample_weight = True
+      metrics.append(metric)
+    return metrics
 
   @graph_code.written_for_graphs
   def process_metrics(self, metrics, labels, model_outputs) -> None:
@@ -265,7 +278,10 @@ class KerasModelTask(trainer.Task):
     labels, model_outputs, weights = keras_compile.matched(
         labels, model_outputs, weights)
     for metric in metrics:
-      metric.update_state(labels, model_outputs, sample_weight=weights)
+      metric.update_state(
+          labels, model_outputs,
+          sample_weight=(weights if getattr(metric, "by_sample_weight", False)
+                         else None))
 
   def initialize(self, model: tf_keras.Model, warm_start=None) -> None:
     if self.initial_weights is not None:

@@ -3,7 +3,6 @@ them, checked against tf_keras's `Model.fit` on the digits; Keras 3 models
 and files refused in one line naming the route that works, and that route
 checked."""
 
-
 import gin
 import numpy as np
 import pytest
@@ -155,8 +154,8 @@ def test_shuffled_accuracy_is_within_001_of_fit_s_over_3_seeds(tmp_path):
 # Data, loss and metrics as `compile` and `fit` take them.
 
 
-def test_sample_weights_weigh_the_loss_and_metrics_as_fit_does():
-  task = _task(metrics=["accuracy"])
+def test_sample_weights_weigh_the_loss_and_weighted_metrics_as_fit_does():
+  task = _task(metrics=["accuracy"], weighted_metrics=["accuracy"])
   labels = tf.constant([0, 1, 2, 3])
   logits = tf.one_hot([0, 1, 0, 0], 10) * 5.0
   weights = tf.constant([1.0, 0.5, 0.0, 2.0])
@@ -164,11 +163,12 @@ def test_sample_weights_weigh_the_loss_and_metrics_as_fit_does():
   weighted = task.build_losses(keras_model.Weighted(labels, weights), logits)
   np.testing.assert_allclose(weighted.numpy(), plain.numpy() * weights.numpy(),
                              rtol=1e-6)
-  metric = task.build_metrics()[0]
-  task.process_metrics([metric], keras_model.Weighted(labels, weights),
-                       logits)
-  # Right on examples 0 and 1 (weights 1 and 0.5) of total weight 3.5.
-  assert float(metric.result()) == pytest.approx(1.5 / 3.5)
+  metrics = task.build_metrics()
+  assert [m.name for m in metrics] == ["accuracy", "weighted_accuracy"]
+  task.process_metrics(metrics, keras_model.Weighted(labels, weights), logits)
+  # Right on examples 0 and 1: 2 of 4; weighted (1 and 0.5 of 3.5).
+  assert float(metrics[0].result()) == 0.5
+  assert float(metrics[1].result()) == pytest.approx(1.5 / 3.5)
   # `fit`'s own weighted loss on the same batch, for the mean.
   fit_loss = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)(
       labels, logits, sample_weight=weights)
@@ -382,12 +382,11 @@ def keras3(tmp_path_factory):
       keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3, activation="relu"),
       keras.layers.Flatten(), keras.layers.Dense(10)])
   paths = {kind: str(directory / name) for kind, name in [
-      ("keras", "model.keras"), ("h5", "model.h5"), ("export", "export")]}
+      ("keras", "model.keras"), ("h5", "model.h5")]}
   model.save(paths["keras"])
   model.save(paths["h5"])
-  model.export(paths["export"], verbose=False)
   probe = digits.load_split(False)[0][:16]
-  return dict(paths, module=keras, probe=probe,
+  return dict(paths, module=keras, model=model, probe=probe,
               outputs=np.asarray(model(probe)))
 
 
@@ -410,11 +409,17 @@ def test_keras3_files_are_refused_naming_the_route(keras3, tmp_path):
         "(`KerasModelTask.model = @my_model`: `import tf_keras as keras`, or "
         "`tf.keras` after `import trainer`) and start from its weights with "
         f"`KerasModelTask.initial_weights = \"{keras3[kind]}\"`.")
+
+
+@pytest.mark.slow
+def test_a_keras3_export_is_refused(keras3, tmp_path):
+  exported = str(tmp_path / "export")
+  keras3["model"].export(exported, verbose=False)
   with pytest.raises(errors.ConfigError, match=(
-      rf"^`KerasModelTask.model_file` \({keras3['export']}\) is a SavedModel "
-      r"with no Keras model in it \(no keras_metadata.pb: written by Keras "
-      r"3's `model.export`")):
-    _configured(tmp_path, f"KerasModelTask.model_file = '{keras3['export']}'")
+      rf"^`KerasModelTask.model_file` \({exported}\) is a SavedModel with no "
+      r"Keras model in it \(no keras_metadata.pb: written by Keras 3's "
+      r"`model.export`")):
+    _configured(tmp_path, f"KerasModelTask.model_file = '{exported}'")
 
 
 def test_a_keras3_model_from_the_function_is_refused(keras3):
@@ -446,19 +451,25 @@ def test_the_route_starts_from_the_keras3_weights(keras3, tmp_path):
   # Keras 3 reads its file; the weights go in order into the tf_keras twin,
   # built in the strategy's scope as a run builds it: outputs identical
   # (measured: max |difference| 0.0, one device and mirrored).
-  task = _task(model=_tf_keras_twin, initial_weights=keras3["keras"])
   strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-  with strategy.scope():
-    model = task.build_model()
-    task.initialize(model)
-  np.testing.assert_array_equal(model(keras3["probe"]).numpy(),
-                                keras3["outputs"])
-  # And a run starts from them: a learning rate too small to move them.
+  for kind in ("h5", "keras"):
+    task = _task(model=_tf_keras_twin, initial_weights=keras3[kind])
+    with strategy.scope():
+      model = task.build_model()
+      task.initialize(model)
+    np.testing.assert_array_equal(model(keras3["probe"]).numpy(),
+                                  keras3["outputs"])
+
+
+@pytest.mark.slow
+def test_a_run_starts_from_the_keras3_weights(keras3, tmp_path):
+  # A learning rate too small to move them in 2 steps.
+  task = _task(model=_tf_keras_twin, initial_weights=keras3["keras"])
   experiment.run(task, "train", str(tmp_path), trainer.RuntimeConfig(seed=0),
                  _config(2, 16, "sgd", 1e-12))
-  for saved, model_weight in zip(_in_layer_order(str(tmp_path)),
-                                 model.weights):
-    np.testing.assert_allclose(saved, model_weight.numpy(), atol=1e-9)
+  for saved, weight in zip(_in_layer_order(str(tmp_path)),
+                           keras3["model"].get_weights()):
+    np.testing.assert_allclose(saved, weight, atol=1e-9)
 
 
 def test_initial_weights_that_do_not_fit_are_one_line(keras3):
