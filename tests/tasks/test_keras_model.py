@@ -188,6 +188,32 @@ def test_triples_become_weighted_labels_and_other_elements_are_refused():
     task.build_inputs(False)
 
 
+def test_a_data_function_without_a_context_is_sharded_per_worker():
+  def examples(context):
+    return [int(label) for _, label in _task(
+        train_data=_data((np.zeros([10, 1]), np.arange(10)))).build_inputs(
+            True, context).as_numpy_iterator()]
+
+  assert examples(None) == list(range(10))
+  shards = [examples(tf.distribute.InputContext(2, index, 2))
+            for index in range(2)]
+  assert shards == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]
+
+
+@pytest.mark.slow
+def test_one_device_and_mirrored_end_with_the_same_weights(tmp_path):
+  # 10 SGD steps (the digits CNN's ReLUs part longer runs; see
+  # tests/tasks/test_digits.py).
+  weights = []
+  for strategy, devices in (("one_device", 0), ("mirrored", 2)):
+    experiment.run(_task(), "train", str(tmp_path / strategy),
+                   trainer.RuntimeConfig(distribution_strategy=strategy,
+                                         num_cpu_devices=devices, seed=0),
+                   _config(10, 32, "sgd", 0.05))
+    weights.append(helpers.checkpoint_weights(str(tmp_path / strategy)))
+  assert helpers.max_weight_difference(*weights) < 1e-6
+
+
 @pytest.mark.parametrize("name,metric_type,value", [
     ("accuracy", "MeanMetricWrapper", 0.5),
     ("acc", "MeanMetricWrapper", 0.5),
