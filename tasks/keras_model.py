@@ -31,6 +31,7 @@ from tasks import keras_versions
 from tasks import tfds_inputs
 from trainer import errors
 from trainer import graph_code
+from trainer.data import inputs
 
 NAME = "KerasModelTask"
 # Labels with their sample weights: what an `(x, y, w)` example's label
@@ -173,8 +174,8 @@ class KerasModelTask(trainer.Task):
       raise errors.ConfigError(
           f"{what} gave a Keras 3 model ({type(model).__module__}."
           f"{type(model).__name__}), which this framework (tf_keras, Keras 2)"
-          f" cannot train: {keras_versions.ROUTE.format(file='model.keras')}"
-          ".")
+          " cannot train: save it with Keras 3 (`model.save(\"model.keras\")`)"
+          f", then {keras_versions.ROUTE.format(file='model.keras')}.")
     if not isinstance(model, tf_keras.Model):
       raise errors.ConfigTypeError(
           f"{what} gave {type(model).__name__}: return a tf_keras.Model.")
@@ -233,6 +234,14 @@ class KerasModelTask(trainer.Task):
       dataset = dataset.shard(input_context.num_input_pipelines,
                               input_context.input_pipeline_id)
     spec = dataset.element_spec
+    try:
+      inputs.check_unbatched(spec)
+    except errors.ConfigError as e:
+      raise errors.ConfigError(
+          f"{what} returns batches (every element has a leading dimension "
+          "of unknown size): return single examples, without `.batch(...)`; "
+          "the framework batches them by `trainer.global_batch_size` and "
+          "`trainer.eval_batch_size`.") from e
     if not isinstance(spec, tuple) or len(spec) not in (2, 3):
       raise errors.ConfigError(
           f"{what} gives elements of {_structure(spec)}: give (x, y) "

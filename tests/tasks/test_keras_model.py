@@ -186,6 +186,15 @@ def test_triples_become_weighted_labels_and_other_elements_are_refused():
       r"^`KerasModelTask.eval_data` \(<lambda>\) gives elements of single "
       r"tensors: give \(x, y\) examples, or \(x, y, sample_weight\).$")):
     task.build_inputs(False)
+  task = _task(train_data=lambda: _data((images, labels))().batch(32))
+  with pytest.raises(errors.ConfigError, match=(
+      r"^`KerasModelTask.train_data` \(<lambda>\) returns batches \(every "
+      r"element has a leading dimension of unknown size\): return single "
+      r"examples, without `.batch\(...\)`")):
+    task.build_inputs(True)
+  with pytest.raises(errors.ConfigError, match=(
+      r"^`KerasModelTask.eval_data` is not set, and this run evaluates")):
+    _task(eval_data=None).build_inputs(False)
 
 
 def test_a_data_function_without_a_context_is_sharded_per_worker():
@@ -456,8 +465,9 @@ def test_a_keras3_model_from_the_function_is_refused(keras3):
   with pytest.raises(errors.ConfigError, match=(
       r"^`KerasModelTask.model` \(<lambda>\) gave a Keras 3 model "
       r"\(keras.src.models.sequential.Sequential\), which this framework "
-      r"\(tf_keras, Keras 2\) cannot train: build the same architecture with "
-      r"tf_keras")):
+      r"\(tf_keras, Keras 2\) cannot train: save it with Keras 3 "
+      r"\(`model.save\(\"model.keras\"\)`\), then build the same "
+      r"architecture with tf_keras")):
     task.build_model()
 
 
