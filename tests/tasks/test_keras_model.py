@@ -329,7 +329,7 @@ def test_a_resumed_run_ends_as_one_run_would(tmp_path):
     ("KerasModelTask.metrics = ['acuracy']",
      "`KerasModelTask.metrics[0]` ('acuracy') is no Keras metric (did you "
      "mean 'accuracy'?)"),
-])
+], ids=["keras3_file", "metric_typo"])
 def test_train_py_says_one_line_and_writes_nothing(keras3, tmp_path, binding,
                                                    line):
   model_dir = tmp_path / "run"
@@ -388,7 +388,7 @@ def test_a_model_file_that_holds_no_model(tmp_path):
     ("KerasModelTask.loss = 'mse'",
      "`KerasModelTask.from_logits` does not apply to the loss "
      "'mean_squared_error', which takes no logits."),
-])
+], ids=["loss_typo", "metric_typo", "logits_of_mse"])
 def test_unknown_names_are_one_line_with_the_closest(tmp_path, binding, line):
   with pytest.raises(errors.ConfigError) as raised:
     gin_config.load_config(["gin/keras_model.gin"], [binding])
