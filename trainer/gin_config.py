@@ -154,7 +154,10 @@ def load_config(gin_files: Sequence[str], gin_params: Sequence[str]
     return task, runtime_lib.RuntimeConfig(), config_lib.TrainerConfig()
   except Exception as e:  # Gin re-raises the user's errors with context.
     message = _one_line(e)
-    if user_errors.in_user_code(e):
+    # A `ConfigError` is already the one line to show, wherever it was
+    # raised (a shipped Task's checks of its arguments, a user's own).
+    if (user_errors.in_user_code(e) and
+        not isinstance(e, errors.ConfigError)):
       # Raised by the user's module as gin imported it, or by a configurable
       # of theirs: its type, file and line, after the config's line.
       raise errors.ConfigError(
