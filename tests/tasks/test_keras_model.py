@@ -80,6 +80,7 @@ def test_tf_keras_is_tf_keras_after_import_trainer():
 # The peer checks against `fit`.
 
 
+@pytest.mark.slow  # 132 steps of each, and fit's evaluation: over 10 s.
 def test_same_order_and_sgd_end_with_fit_s_weights_and_accuracy(tmp_path):
   # 1,408 digits = 44 batches of 32, so that fit's epochs and our repeated
   # input cut the same batches; 3 epochs, no shuffle, SGD, deterministic
