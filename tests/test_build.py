@@ -2,6 +2,7 @@
 controller's actions, built as `train.py` builds them."""
 
 import tensorflow as tf
+import tf_keras
 
 import trainer
 from trainer import actions
@@ -65,8 +66,18 @@ def test_the_controller_gets_the_eval_actions_of_the_mode(tmp_path):
   controller = build.controller(parts, str(tmp_path), stopper=stopper)
   assert [type(a) for a in controller.eval_actions] == [
       actions.EarlyStopping, actions.EvalImagesWriter,
-      actions.EvaluatedStepRecorder]
+      actions.EvaluatedStepRecorder, actions.MetricsCsv]
   assert controller.eval_actions[0] is stopper
+  # The Keras callbacks come last, where a training mode has some.
+  with_callbacks = _parts("train_and_eval", callbacks=(
+      tf_keras.callbacks.LambdaCallback(),))
+  callbacks = build.keras_callbacks(with_callbacks)
+  assert [type(a) for a in build.controller(
+      with_callbacks, str(tmp_path / "callbacks"),
+      callbacks=callbacks).eval_actions][-2:] == [actions.MetricsCsv,
+                                                  actions.KerasCallbacks]
+  assert build.keras_callbacks(_parts("eval", callbacks=(
+      tf_keras.callbacks.LambdaCallback(),))) is None
   evaluated = _parts("eval")
   assert build.early_stopping(evaluated, str(tmp_path)) is None
   assert [type(a) for a in build.controller(
