@@ -1,12 +1,16 @@
 """The build layer: what a checkpoint holds, the parts of a mode and the
 controller's actions, built as `train.py` builds them."""
 
+import types
+
+import pytest
 import tensorflow as tf
 import tf_keras
 
 import trainer
 from trainer import actions
 from trainer import build
+from trainer import errors
 from trainer.storage import checkpoints
 
 import helpers
@@ -94,3 +98,16 @@ def test_a_controller_without_saves_writes_no_checkpoint(tmp_path):
   (tmp_path / "saved").mkdir()  # As `model_dir.write_directory` makes it.
   build.controller(saving, str(tmp_path / "saved")).train(4)
   assert helpers.checkpoint_step(str(tmp_path / "saved")) == 4
+
+
+def test_keras_callbacks_need_one_model():
+  parts = _parts("train", callbacks=(tf_keras.callbacks.LambdaCallback(),))
+  model = parts.state.model
+  parts.state = types.SimpleNamespace(model={"generator": model,
+                                             "critic": model},
+                                      step=parts.state.step)
+  with pytest.raises(errors.ConfigError) as raised:
+    build.keras_callbacks(parts)
+  assert str(raised.value) == (
+      "`trainer.callbacks` needs a Task with one model: a Keras callback "
+      "gets one `model`, and this Task builds 2 (generator, critic).")

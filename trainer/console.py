@@ -109,6 +109,11 @@ def interactive() -> bool:
     return False
 
 
+def columns() -> int:
+  """The terminal's width in characters (80 where it does not say)."""
+  return shutil.get_terminal_size().columns
+
+
 def status(message: str, log: Optional[str] = None) -> None:
   """Shows `message` as the status line, in place of the last one; on an
   interactive terminal only.
@@ -120,7 +125,7 @@ def status(message: str, log: Optional[str] = None) -> None:
   global _status
   if log is not None and not _log_reaches_terminal():
     logging.info(log)
-  _status = message[:max(shutil.get_terminal_size().columns - 1, 20)]
+  _status = message[:max(columns() - 1, 20)]
   sys.stdout.write(_ERASE + _status)
   sys.stdout.flush()
 

@@ -27,13 +27,17 @@ def test_progress_line():
                                  None).endswith("loss nan | ETA ?")
 
 
-def test_progress_bar():
-  assert reporter_lib.progress_bar(300, 1000, 250.04, 0.12345, 2.8) == (
-      "step  300/1000 [#######.................]  30% | 250.0 steps/s | "
-      "loss 0.1235 | ETA 3s")
-  assert reporter_lib.progress_bar(10, 10, 1.0, None, None) == (
-      "step 10/10 [########################] 100% | 1.0 steps/s | loss ? | "
-      "ETA ?")
+def test_progress_bar_fits_the_terminals_width():
+  bar = reporter_lib.progress_bar(300, 1000, 250.04, 0.12345, 2.8)
+  assert bar == ("step  300/1000 [#####.............]  30% | 250.0 "
+                 "steps/s | loss 0.1235 | ETA 3s")
+  assert len(bar) == 79
+  assert reporter_lib.progress_bar(10, 10, 1.0, None, None, columns=200) == (
+      "step 10/10 [##############################] 100% | 1.0 steps/s | "
+      "loss ? | ETA ?")
+  # Never narrower than 10: the console cuts what a terminal cannot show.
+  assert "[###.......]" in reporter_lib.progress_bar(3, 10, 1.0, 0.5, 1.0,
+                                                     columns=40)
 
 
 class _Clock:
@@ -173,10 +177,10 @@ def test_reporter_bar_is_redrawn_and_kept_at_the_end(tmp_path, capsys,
   _after_loop(reporter, 20, 10, 1.0, 0.25, None, metrics)
   reporter.end(20)
   assert capsys.readouterr().out == (
-      "\r\x1b[Kstep 10/20 [############............]  50% | 10.0 steps/s | "
-      "loss 0.5000 | ETA ?"
-      "\r\x1b[Kstep 20/20 [########################] 100% | 10.0 steps/s | "
-      "loss 0.2500 | ETA 0s\n")
+      "\r\x1b[Kstep 10/20 [###############...............]  50% | 10.0 "
+      "steps/s | loss 0.5000 | ETA ?"
+      "\r\x1b[Kstep 20/20 [##############################] 100% | 10.0 "
+      "steps/s | loss 0.2500 | ETA 0s\n")
 
 
 def test_reporter_gives_each_summary_to_the_summary_functions(tmp_path):

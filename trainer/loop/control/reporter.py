@@ -46,21 +46,29 @@ def progress_line(step: int, train_steps: int, steps_per_second: float,
           f"ETA {eta}")
 
 
-BAR_WIDTH = 24
+# The bar's width in characters, at most and at least: within that, it
+# takes what the terminal's width leaves to it.
+BAR_WIDTH = (30, 10)
 
 
 def progress_bar(step: int, train_steps: int, steps_per_second: float,
-                 loss: Optional[float], eta_seconds: Optional[float]) -> str:
-  """Returns the progress bar of an interactive terminal:
-  `step 300/1000 [#######.................]  30% | 412.3 steps/s | loss
-  0.1234 | ETA 2s`."""
+                 loss: Optional[float], eta_seconds: Optional[float],
+                 columns: int = 80) -> str:
+  """Returns the progress bar of an interactive terminal `columns` wide:
+  `step 300/1000 [#########.....................]  30% | 412.3 steps/s |
+  loss 0.1234 | ETA 2s`, the bar as wide as the line fits (see
+  `BAR_WIDTH`)."""
   done = min(max(step / max(train_steps, 1), 0.0), 1.0)
-  filled = int(done * BAR_WIDTH)
   eta, loss_text = _eta_and_loss(eta_seconds, loss)
   width = len(str(train_steps))
-  return (f"step {step:{width}d}/{train_steps} "
-          f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {100 * done:3.0f}% "
-          f"| {steps_per_second:.1f} steps/s | loss {loss_text} | ETA {eta}")
+  head = f"step {step:{width}d}/{train_steps} "
+  tail = (f" {100 * done:3.0f}% | {steps_per_second:.1f} steps/s | "
+          f"loss {loss_text} | ETA {eta}")
+  # The cursor's column is left free: a full line would wrap.
+  bar_width = min(max(columns - 1 - len(head) - len(tail) - 2, BAR_WIDTH[1]),
+                  BAR_WIDTH[0])
+  filled = int(done * bar_width)
+  return f"{head}[{'#' * filled}{'.' * (bar_width - filled)}]{tail}"
 
 
 # Training is reported as input-bound where the steps wait for the input
@@ -147,7 +155,8 @@ class TrainReporter(loop_hooks.LoopHook):
                          result.loss, eta)
     if self._bar:
       console.status(progress_bar(step, self._train_steps, steps_per_second,
-                                  result.loss, eta), log=line)
+                                  result.loss, eta, console.columns()),
+                     log=line)
     else:
       console.info(line)
     if self._writer is None:
