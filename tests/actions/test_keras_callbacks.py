@@ -107,13 +107,22 @@ def test_calls_follow_fits_order_with_the_loops_logs():
 def test_in_train_mode_an_epoch_ends_at_each_summary(tmp_path):
   path = tmp_path / "log.csv"
   steps = {"step": 0}
+  recorder = _Recorder()
   hook = keras_callbacks.KerasCallbacks(
-      [tf_keras.callbacks.CSVLogger(str(path))], _model(),
+      [tf_keras.callbacks.CSVLogger(str(path)), recorder], _model(),
       lambda: steps["step"], train_steps=40, epoch_steps=20,
       evaluating=False)
   hook.train_begin(0)
   _run(hook, [10, 20, 30, 40], steps, summary_at=(20, 40))
   hook.train_end()
+  # The epoch ends after its last batch, as in `fit`; none begins after
+  # the last.
+  assert [call[:2] for call in recorder.calls] == [
+      ("train_begin", {}), ("epoch_begin", 0), ("batch_begin", 0),
+      ("batch_end", 9), ("batch_begin", 10), ("batch_end", 19),
+      ("epoch_end", 0), ("epoch_begin", 1), ("batch_begin", 20),
+      ("batch_end", 29), ("batch_begin", 30), ("batch_end", 39),
+      ("epoch_end", 1), ("train_end", {"loss": 0.4, "accuracy": 0.5})]
   with open(path, newline="") as f:
     # CSVLogger adds `val_` columns where the first epoch has none, as in
     # `fit` without validation data.

@@ -196,14 +196,15 @@ class KerasCallbacks(loop_hooks.LoopHook):
     if result.learning_rate is not None:
       logs["learning_rate"] = float(result.learning_rate)
     self._call(self._batch_callbacks, "on_train_batch_end", step - 1, logs)
+    if step == self._summary_step and not self._evaluating:
+      # In `train` mode a summary ends an epoch, after its last batch.
+      self._end_epoch(step, dict(self._train_logs))
 
   def train_summary(self, step: int, scalars: Mapping[str, Any]) -> None:
-    """A train summary written at `step`: the next logs; in `train` mode,
-    the end of an epoch."""
+    """A train summary written at `step` (by the reporter, in its
+    `after_loop`, before this hook's): the logs from now on."""
     self._summary_step = step
     self._train_logs = {name: float(value) for name, value in scalars.items()}
-    if not self._evaluating:
-      self._end_epoch(step, dict(self._train_logs))
 
   def __call__(self, output: Mapping[str, Any]) -> None:
     """Eval action: `on_test_end` with the results, then the epoch's end."""
