@@ -112,6 +112,8 @@ def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
   with console.held() as release:
     parts = build.parts(task, mode, build.process(runtime, membership),
                         config)
+    # Before `model_dir` is written: a Task it cannot run is one line.
+    callbacks = build.keras_callbacks(parts)
     # Read before this run writes its own configuration over the old one.
     resume = resume_lib.compare(parts, restore_dir)
     controller = None  # Built below, given the watcher.
@@ -129,7 +131,6 @@ def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
                                         parts.config) as write_dir,
           watcher or contextlib.nullcontext()):
       early_stopping = build.early_stopping(parts, write_dir)
-      callbacks = build.keras_callbacks(parts)
       try:
         controller = build.controller(
             parts, write_dir, restore_dir=restore_dir, watcher=watcher,

@@ -45,6 +45,7 @@ import gin
 import tf_keras
 
 from trainer import errors
+from trainer.actions import metrics_csv
 from trainer.loop.control import hooks as loop_hooks
 
 # The callbacks that cannot work here, and why (each measured in a run of
@@ -204,11 +205,11 @@ class KerasCallbacks(loop_hooks.LoopHook):
     """A train summary written at `step` (by the reporter, in its
     `after_loop`, before this hook's): the logs from now on."""
     self._summary_step = step
-    self._train_logs = {name: float(value) for name, value in scalars.items()}
+    self._train_logs = metrics_csv.scalars(scalars)
 
   def __call__(self, output: Mapping[str, Any]) -> None:
     """Eval action: `on_test_end` with the results, then the epoch's end."""
-    results = {name: float(value) for name, value in output.items()}
+    results = metrics_csv.scalars(output)
     self._call(self._callbacks, "on_test_end", dict(results))
     logs = dict(self._train_logs)
     logs.update({f"val_{name}": value for name, value in results.items()})

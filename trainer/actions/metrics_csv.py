@@ -126,10 +126,9 @@ class MetricsCsv(loop_hooks.LoopHook):
   def _add(self, step: int, split: str, values: Mapping[str, Any]) -> None:
     row = {"step": str(step), "wall_time": f"{self._clock():.3f}",
            "split": split}
-    for name, value in values.items():
-      number = _number(value)
-      if number is not None:
-        row[name] = number
+    for name, number in scalars(values).items():
+      # Python's shortest round-trip text; `nan`, `inf` as such.
+      row[name] = repr(number) if math.isfinite(number) else str(number)
     new_columns = [name for name in row if name not in self._columns]
     replaced = [i for i, old in enumerate(self._rows)
                 if (old["step"], old["split"]) == (row["step"], split)]
@@ -161,11 +160,12 @@ class MetricsCsv(loop_hooks.LoopHook):
     files.write_text(self.path, text.getvalue())
 
 
-def _number(value: Any) -> Any:
-  """A scalar's cell (Python's shortest round-trip text, `nan`, `inf`);
-  None for what is not one number."""
-  array = np.asarray(value)
-  if array.size != 1 or not np.issubdtype(array.dtype, np.number):
-    return None
-  number = float(array.reshape(()))
-  return repr(number) if math.isfinite(number) else str(number)
+def scalars(values: Mapping[str, Any]) -> Dict[str, float]:
+  """The values of `values` that are one number (a Python or NumPy number,
+  a scalar tensor), as floats; the rest (an image, a string) left out."""
+  found = {}
+  for name, value in values.items():
+    array = np.asarray(value)
+    if array.size == 1 and np.issubdtype(array.dtype, np.number):
+      found[name] = float(array.reshape(()))
+  return found
