@@ -182,7 +182,7 @@ _Keras3Callback.__module__ = "keras.src.callbacks.callback"
     (tf_keras.callbacks.BackupAndRestore("/tmp/unused"),
      "`trainer.callbacks`: BackupAndRestore cannot work here: a resumed run "
      "restores model, optimizer, step and input position from the "
-     "checkpoints in `model_dir` already."),
+     "checkpoints in `model_dir`, never from its backup."),
     (tf_keras.callbacks.EarlyStopping(restore_best_weights=True),
      "`trainer.callbacks`: EarlyStopping(restore_best_weights=True) would "
      "change the weights after the last checkpoint is saved; use "
