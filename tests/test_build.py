@@ -1,11 +1,16 @@
 """The build layer: what a checkpoint holds, the parts of a mode and the
 controller's actions, built as `train.py` builds them."""
 
+import types
+
+import pytest
 import tensorflow as tf
+import tf_keras
 
 import trainer
 from trainer import actions
 from trainer import build
+from trainer import errors
 from trainer.storage import checkpoints
 
 import helpers
@@ -65,8 +70,18 @@ def test_the_controller_gets_the_eval_actions_of_the_mode(tmp_path):
   controller = build.controller(parts, str(tmp_path), stopper=stopper)
   assert [type(a) for a in controller.eval_actions] == [
       actions.EarlyStopping, actions.EvalImagesWriter,
-      actions.EvaluatedStepRecorder]
+      actions.EvaluatedStepRecorder, actions.MetricsCsv]
   assert controller.eval_actions[0] is stopper
+  # The Keras callbacks come last, where a training mode has some.
+  with_callbacks = _parts("train_and_eval", callbacks=(
+      tf_keras.callbacks.LambdaCallback(),))
+  callbacks = build.keras_callbacks(with_callbacks)
+  assert [type(a) for a in build.controller(
+      with_callbacks, str(tmp_path / "callbacks"),
+      callbacks=callbacks).eval_actions][-2:] == [actions.MetricsCsv,
+                                                  actions.KerasCallbacks]
+  assert build.keras_callbacks(_parts("eval", callbacks=(
+      tf_keras.callbacks.LambdaCallback(),))) is None
   evaluated = _parts("eval")
   assert build.early_stopping(evaluated, str(tmp_path)) is None
   assert [type(a) for a in build.controller(
@@ -83,3 +98,16 @@ def test_a_controller_without_saves_writes_no_checkpoint(tmp_path):
   (tmp_path / "saved").mkdir()  # As `model_dir.write_directory` makes it.
   build.controller(saving, str(tmp_path / "saved")).train(4)
   assert helpers.checkpoint_step(str(tmp_path / "saved")) == 4
+
+
+def test_keras_callbacks_need_one_model():
+  parts = _parts("train", callbacks=(tf_keras.callbacks.LambdaCallback(),))
+  model = parts.state.model
+  parts.state = types.SimpleNamespace(model={"generator": model,
+                                             "critic": model},
+                                      step=parts.state.step)
+  with pytest.raises(errors.ConfigError) as raised:
+    build.keras_callbacks(parts)
+  assert str(raised.value) == (
+      "`trainer.callbacks` needs a Task with one model: a Keras callback "
+      "gets one `model`, and this Task builds 2 (generator, critic).")

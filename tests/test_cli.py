@@ -46,6 +46,11 @@ DIGITS = "gin/digits.gin"
      "`runtime.loss_scale` (-1) must be 'dynamic' or a positive number."),
     ([DIGITS], ["experiment.task=3"],
      "`experiment.task` must be a trainer.Task, got int."),
+    ([DIGITS], ["trainer.callbacks=[@CSVLogger(), @ReduceLROnPlateau()]",
+                "CSVLogger.filename='log.csv'"],
+     "`trainer.callbacks`: ReduceLROnPlateau cannot work here: it sets "
+     "`model.optimizer.lr`, and the optimizer is the trainer's, not the "
+     "model's; use a `learning_rate.*` schedule."),
     (["missing.gin"], [], "--gin_file: no such file: missing.gin"),
     ([], [], "no --gin_file given; try --gin_file=gin/digits.gin"),
 ])

@@ -4,6 +4,7 @@ with the same text when absl's log goes to a file."""
 import ast
 import io
 import logging
+import os
 import pathlib
 import sys
 
@@ -103,6 +104,55 @@ def test_waiting_lines_are_never_held(capsys):
     release(["run | header"])
   assert capsys.readouterr().out.splitlines() == [
       "run | header", "optimizer | Adam"]
+
+
+@pytest.fixture
+def status_line(monkeypatch):
+  """A terminal 60 columns wide; the status line cleared after the test."""
+  monkeypatch.setattr(console.shutil, "get_terminal_size",
+                      lambda: os.terminal_size((60, 24)))
+  yield
+  monkeypatch.setattr(console, "_status", None)
+
+
+def test_lines_print_above_the_status_line_which_is_drawn_again(
+    capsys, caplog, absl_stream, status_line):
+  del status_line
+  absl_stream(io.StringIO())  # The log is a file: it gets the plain line.
+  with caplog.at_level(logging.INFO, logger="absl"):
+    console.status("step 10/20 [bar]", log="train | step 10/20")
+    console.info("saved checkpoint run/ckpt-10")
+    console.warning("slow")
+    console.status("step 20/20 [bar]" + "x" * 80, log="train | step 20/20")
+    console.end_status()
+    console.info("eval | step 20")
+  # Redrawn in place (erase the line, write it), cut to the width; every
+  # other line above it.
+  assert capsys.readouterr().out == (
+      "\r\x1b[Kstep 10/20 [bar]"
+      "\r\x1b[Ksaved checkpoint run/ckpt-10\nstep 10/20 [bar]"
+      "\r\x1b[Kwarning | slow\nstep 10/20 [bar]"
+      "\r\x1b[K" + ("step 20/20 [bar]" + "x" * 80)[:59] + "\n"
+      "eval | step 20\n")
+  assert [r.getMessage() for r in caplog.records] == [
+      "train | step 10/20", "saved checkpoint run/ckpt-10", "slow",
+      "train | step 20/20", "eval | step 20"]
+
+
+def test_an_error_leaves_the_status_line_above_it(capsys, absl_stream,
+                                                  status_line):
+  del status_line
+  absl_stream(sys.stderr)
+  console.status("step 10/20")
+  console.error("train.py: error: bad")
+  captured = capsys.readouterr()
+  assert captured.out == "\r\x1b[Kstep 10/20\n"
+  assert captured.err == "train.py: error: bad\n"
+
+
+def test_interactive_is_whether_stdout_is_a_terminal(monkeypatch):
+  monkeypatch.setattr(sys, "stdout", io.StringIO())
+  assert not console.interactive()
 
 
 @pytest.mark.parametrize("stream", ["file", "terminal"])

@@ -23,8 +23,11 @@ import tf_keras
 from trainer import actions
 from trainer import config as config_lib
 from trainer import console
+from trainer import errors
 from trainer import runtime as runtime_lib
 from trainer import state as state_lib
+from trainer.actions import keras_callbacks as keras_callbacks_lib
+from trainer.actions import metrics_csv
 from trainer.data import inputs as inputs_lib
 from trainer.data import service as data_service
 from trainer.distribute import cluster
@@ -327,10 +330,36 @@ def early_stopping(built: Parts,
                                step_fn=built.state.step)
 
 
+def keras_callbacks(
+    built: Parts) -> Optional[keras_callbacks_lib.KerasCallbacks]:
+  """Builds the runner of `trainer.callbacks` (a hook and an eval action)
+  where a training mode has any.
+
+  Raises:
+    errors.ConfigError: With several models: a callback's `model` is one.
+  """
+  config = built.config
+  if not (config.callbacks and built.training):
+    return None
+  if named.several(built.state.model):
+    raise errors.ConfigError(
+        "`trainer.callbacks` needs a Task with one model: a Keras callback "
+        f"gets one `model`, and this Task builds "
+        f"{len(named.named(built.state.model))} "
+        f"({', '.join(named.named(built.state.model))}).")
+  interval = (config.validation_interval if built.evaluating
+              else config.summary_interval)
+  return keras_callbacks_lib.KerasCallbacks(
+      config.callbacks, built.state.model, built.state.step,
+      train_steps=config.train_steps,
+      epoch_steps=interval or config.train_steps, evaluating=built.evaluating)
+
+
 def controller(built: Parts, write_dir: str, *,
                restore_dir: Optional[str] = None,
                watcher: Optional[watcher_lib.Watcher] = None,
                stopper: Optional[actions.EarlyStopping] = None,
+               callbacks: Optional[keras_callbacks_lib.KerasCallbacks] = None,
                saves: bool = True,
                input_stale_until: int = -1) -> controller_lib.Controller:
   """Builds the controller (which restores the newest checkpoint) and the
@@ -343,6 +372,7 @@ def controller(built: Parts, write_dir: str, *,
       `write_dir`.
     watcher: Watches for SIGTERM/SIGINT while training.
     stopper: Early stopping, from `early_stopping`.
+    callbacks: The Keras callbacks, from `keras_callbacks`.
     saves: Whether there are checkpoints at all: a benchmark times the
       loop without them.
     input_stale_until: Restore no input position from checkpoints of
@@ -367,13 +397,19 @@ def controller(built: Parts, write_dir: str, *,
     return found.restored_path
 
   train = _TrainingCollaborators()
+  # `metrics.csv`: the training process's summaries and evaluations.
+  csv = (metrics_csv.MetricsCsv(write_dir, train_state.step,
+                                set_names=built.eval_set_names)
+         if training else None)
   if training:
-    train = _training_collaborators(built, write_dir, stopper)
+    train = _training_collaborators(built, write_dir, stopper, csv, callbacks)
   found = controller_lib.Controller(
       global_step=train_state.global_step, trainer=built.trainer,
       evaluator=built.evaluator, strategy=train_state.strategy,
       train_actions=train.actions,
-      eval_actions=_eval_actions(built, restored_path, write_dir, stopper),
+      eval_actions=[*_eval_actions(built, restored_path, write_dir, stopper),
+                    *(action for action in (csv, callbacks)
+                      if action is not None and built.evaluating)],
       # `trainer.steps_per_loop`: each call of the runner's `train(num_steps)`
       # runs at most this many steps, and loops end at its multiples.
       steps_per_loop=config.steps_per_loop if training else None,
@@ -394,6 +430,8 @@ def controller(built: Parts, write_dir: str, *,
       hooks=train.hooks,
       restored_fn=_after_restore(built) if training else None,
       held_out_sets=config.held_out_sets)
+  if csv is not None:  # Training goes on from the step restored.
+    csv.restarted(found.step)
   return found
 
 
@@ -424,21 +462,27 @@ class _TrainingCollaborators:
 
 def _training_collaborators(
     built: Parts, write_dir: str,
-    stopper: Optional[actions.EarlyStopping]) -> _TrainingCollaborators:
+    stopper: Optional[actions.EarlyStopping],
+    csv: metrics_csv.MetricsCsv,
+    callbacks: Optional[keras_callbacks_lib.KerasCallbacks]
+) -> _TrainingCollaborators:
   """Returns the train actions, the guard and the hooks around a loop (in
-  the order they report: progress line, profile, early stopping)."""
+  the order they report: progress line, profile, early stopping, the Keras
+  callbacks, `metrics.csv`'s rollback)."""
   config, train_state = built.config, built.state
   writer = summaries.LazyWriter(os.path.join(write_dir, "train"))
   hooks = [reporter.TrainReporter(
       writer, train_steps=config.train_steps,
       global_batch_size=config.global_batch_size,
       summary_interval=config.summary_interval,
-      scalars_fn=lambda: state_lib.loss_scale_scalars(train_state.optimizer))]
+      scalars_fn=lambda: state_lib.loss_scale_scalars(train_state.optimizer),
+      summary_fns=[hook.train_summary for hook in (csv, callbacks)
+                   if hook is not None],
+      bar=console.interactive())]
   if config.profile_steps:
     hooks.append(profiler.ProfileWindow(config.profile_steps,
                                         os.path.join(write_dir, "train")))
-  if stopper is not None:
-    hooks.append(stopper)
+  hooks.extend(hook for hook in (stopper, callbacks, csv) if hook is not None)
   return _TrainingCollaborators(
       actions=(actions.OperativeConfigWriter(write_dir, writer),
                actions.StatefulRandomCheck(built.trainer.traced_loop,

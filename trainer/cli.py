@@ -215,9 +215,13 @@ def dry_run(task: task_lib.Task, runtime: runtime_lib.RuntimeConfig,
   """
   restore_dir = model_dir if os.path.isdir(model_dir) else None
   start = checkpoints.newest_step(restore_dir) if restore_dir else 0
+  # The Keras callbacks are checked with the configuration but not run:
+  # theirs are files outside `model_dir` (a CSVLogger's) that a dry run
+  # must not touch.
   trial = dataclasses.replace(
       config, train_steps=start + 1, steps_per_loop=1, summary_interval=1,
-      checkpoint_interval=1, validation_interval=0, validation_steps=1)
+      checkpoint_interval=1, validation_interval=0, validation_steps=1,
+      callbacks=())
   with tempfile.TemporaryDirectory(prefix="dry_run-") as directory:
     with _one_line_failures():
       results = experiment.run(task, "train_and_eval", directory, runtime,

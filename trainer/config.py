@@ -10,12 +10,13 @@ configuration is built, before TensorFlow starts.
 """
 
 import dataclasses
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import gin
 
 from trainer import actions
 from trainer import checks
+from trainer.actions import keras_callbacks
 from trainer.data import eval_sets as eval_sets_lib
 from trainer.data import mixture as mixture_lib
 from trainer.distribute import pipeline as pipeline_lib
@@ -133,6 +134,11 @@ class TrainerConfig:
       its batch on one device), and stop where it is the replica count
       times that (averaged per replica): one extra forward pass (several
       models: one step on one device), once (`trainer.model.loss_scaling`).
+    callbacks: Keras callbacks (`tf_keras.callbacks.Callback`) run by the
+      loop as `fit` runs them: a list (`[@CSVLogger(), @EarlyStopping()]`,
+      the tf_keras classes are configurable by name) or a function
+      returning one; an evaluation ends their epoch (in `train` mode, a
+      train summary). Those that cannot work here are refused.
     optimizer: `optimizer.*`.
     learning_rate: `learning_rate.*`.
     ema: `ema.*`.
@@ -172,6 +178,7 @@ class TrainerConfig:
   preemption_grace_seconds: float = 25.0
   profile_steps: Optional[Tuple[int, int]] = None
   check_loss_scaling: bool = True
+  callbacks: Any = None
   optimizer: optimization.OptimizerConfig = _bound(
       optimization.OptimizerConfig)
   learning_rate: optimization.ScheduleConfig = _bound(
@@ -190,6 +197,8 @@ class TrainerConfig:
     optimizer_parts_lib.check(self.optimizer_parts,
                               self.learning_rate_multipliers)
     checks.field_types("trainer", self)
+    object.__setattr__(self, "callbacks",
+                       keras_callbacks.check(self.callbacks))
     self._check_loop()
     self._check_eval_sets()
     self._check_recovery()

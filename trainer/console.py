@@ -7,6 +7,11 @@ launcher's log shows each line at once. absl's log gets the same text when
 it goes to a file; when it goes to the terminal (absl's default, stderr)
 the line is printed only, so it shows once.
 
+On an interactive terminal the training progress is one status line
+redrawn in place (`status`, the progress bar); every other line is printed
+above it, and it is drawn again below. Where stdout is not a terminal (a
+log file, a SLURM job) nothing is redrawn: `status` is never called.
+
 `log` is the channel for lines kept in the log but not printed (what was
 built, where a file went): absl INFO, which `train.py` hides unless
 `--verbosity` asks for it (`configure`). No other module of the framework
@@ -14,6 +19,7 @@ calls absl's logging, except the TensorFlow-log plumbing (`tf_logs`).
 """
 
 import contextlib
+import shutil
 import sys
 from typing import Callable, Iterator, List, Optional, Sequence
 
@@ -21,6 +27,10 @@ from absl import logging
 
 # Info lines held back by `held`, in order; None when none are.
 _held: Optional[List[str]] = None
+# The status line shown on the terminal (the progress bar); None: none.
+_status: Optional[str] = None
+# Erases the terminal's current line: back to its start, then clear it.
+_ERASE = "\r\x1b[K"
 
 
 def _log_reaches_terminal() -> bool:
@@ -77,7 +87,56 @@ def waiting(message: str) -> None:
 def _print(message: str) -> None:
   if not _log_reaches_terminal():
     logging.info(message)
+  _write_above_status(message)
+
+
+def _write_above_status(message: str) -> None:
+  """Prints `message` above the status line, which is then drawn again."""
+  if _status is not None:
+    sys.stdout.write(_ERASE)
+    sys.stdout.flush()
   print(message, flush=True)
+  if _status is not None:
+    sys.stdout.write(_status)
+    sys.stdout.flush()
+
+
+def interactive() -> bool:
+  """Whether stdout is an interactive terminal (where `status` belongs)."""
+  try:
+    return sys.stdout.isatty()
+  except (AttributeError, ValueError):  # Replaced, or closed.
+    return False
+
+
+def columns() -> int:
+  """The terminal's width in characters (80 where it does not say)."""
+  return shutil.get_terminal_size().columns
+
+
+def status(message: str, log: Optional[str] = None) -> None:
+  """Shows `message` as the status line, in place of the last one; on an
+  interactive terminal only.
+
+  Cut to the terminal's width, since a wrapped line cannot be redrawn in
+  place. The log gets `log` (the line a terminal would not show) where it
+  does not go to the terminal.
+  """
+  global _status
+  if log is not None and not _log_reaches_terminal():
+    logging.info(log)
+  _status = message[:max(columns() - 1, 20)]
+  sys.stdout.write(_ERASE + _status)
+  sys.stdout.flush()
+
+
+def end_status() -> None:
+  """Keeps the status line shown as a line of its own; the next status line
+  starts below it."""
+  global _status
+  if _status is not None:
+    _status = None
+    print(flush=True)
 
 
 @contextlib.contextmanager
@@ -116,6 +175,7 @@ def error(message: str) -> None:
   """
   if not _log_reaches_terminal():
     logging.error(message)
+  end_status()  # A failed run's bar stays as it was, above the error.
   print(message, file=sys.stderr, flush=True)
 
 
@@ -123,4 +183,4 @@ def warning(message: str) -> None:
   """Prints `warning | message` and logs `message` at WARNING."""
   if not _log_reaches_terminal():
     logging.warning(message)
-  print(f"warning | {message}", flush=True)
+  _write_above_status(f"warning | {message}")

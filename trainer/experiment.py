@@ -28,6 +28,7 @@ from trainer import preemption
 from trainer import resume as resume_lib
 from trainer import runtime as runtime_lib
 from trainer import state as state_lib
+from trainer.actions import keras_callbacks
 from trainer.data import stall_watch
 from trainer.distribute import cluster
 from trainer.distribute import ps_errors
@@ -115,6 +116,8 @@ def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
   with console.held() as release:
     parts = build.parts(task, mode, build.process(runtime, membership),
                         config)
+    # Before `model_dir` is written: a Task it cannot run is one line.
+    callbacks = build.keras_callbacks(parts)
     # Read before this run writes its own configuration over the old one.
     resume = resume_lib.compare(parts, restore_dir)
     controller = None  # Built below, given the watcher.
@@ -135,7 +138,7 @@ def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
       try:
         controller = build.controller(
             parts, write_dir, restore_dir=restore_dir, watcher=watcher,
-            stopper=early_stopping,
+            stopper=early_stopping, callbacks=callbacks,
             input_stale_until=(resume.step if resume and resume.batch_sizes
                                else -1))
       except errors.CheckpointMismatch as e:
@@ -154,7 +157,7 @@ def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
         _resume(parts, controller.step, resume)
       with _stall_watch(parts, controller, watcher):
         return _run_mode(parts, controller, mode, model_dir, write_dir,
-                         early_stopping, started)
+                         early_stopping, started, callbacks)
 
 
 def _stall_watch(parts: build.Parts, controller: controller_lib.Controller,
@@ -224,10 +227,14 @@ def _resume(parts: build.Parts, step: int,
 def _run_mode(parts: build.Parts, controller: controller_lib.Controller,
               mode: str, model_dir: str, write_dir: str,
               early_stopping: Optional[actions.EarlyStopping],
-              started: float) -> Dict[str, Any]:
+              started: float,
+              callbacks: Optional[keras_callbacks.KerasCallbacks] = None
+              ) -> Dict[str, Any]:
   """Runs `mode` with the built controller; returns the last eval results.
 
-  A mode that trains ends with the closing block (`trainer.report.run_report`).
+  A mode that trains ends with the closing block (`trainer.report.run_report`);
+  the Keras callbacks' `on_train_begin` and `on_train_end` surround its
+  training and evaluations (not called when it ends with an error).
   """
   config = parts.config
   start_step = controller.step
@@ -237,6 +244,8 @@ def _run_mode(parts: build.Parts, controller: controller_lib.Controller,
     return _evaluate_continuously(controller, model_dir, config,
                                   early_stopping)
   output = {}
+  if callbacks is not None:
+    callbacks.train_begin(controller.step)
   if mode == "train":
     controller.train(config.train_steps)
   else:
@@ -252,6 +261,8 @@ def _run_mode(parts: build.Parts, controller: controller_lib.Controller,
         eval_interval=config.validation_interval or None)
     if output is None:  # Nothing (more) trained: the last evaluation.
       output = caught_up or controller.evaluate(config.eval_steps)
+  if callbacks is not None:
+    callbacks.train_end()
   directory = None
   if config.export.at_end:
     directory = os.path.join(write_dir, "export", str(controller.step))

@@ -1,9 +1,12 @@
 """The train reporter hook: the progress line, its ETA and the summaries
 after each loop, read back."""
 
+import os
+
 import pytest
 import tensorflow as tf
 
+from trainer import console
 from trainer.loop.control import hooks as loop_hooks
 from trainer.loop.control import reporter as reporter_lib
 
@@ -22,6 +25,19 @@ def test_progress_line():
                   "examples/s | loss 0.1235 | ETA 3s")
   assert reporter_lib.progress_line(1, 10, 1.0, 1.0, float("nan"),
                                  None).endswith("loss nan | ETA ?")
+
+
+def test_progress_bar_fits_the_terminals_width():
+  bar = reporter_lib.progress_bar(300, 1000, 250.04, 0.12345, 2.8)
+  assert bar == ("step  300/1000 [#####.............]  30% | 250.0 "
+                 "steps/s | loss 0.1235 | ETA 3s")
+  assert len(bar) == 79
+  assert reporter_lib.progress_bar(10, 10, 1.0, None, None, columns=200) == (
+      "step 10/10 [##############################] 100% | 1.0 steps/s | "
+      "loss ? | ETA ?")
+  # Never narrower than 10: the console cuts what a terminal cannot show.
+  assert "[###.......]" in reporter_lib.progress_bar(3, 10, 1.0, 0.5, 1.0,
+                                                     columns=40)
 
 
 class _Clock:
@@ -149,3 +165,32 @@ def test_reporter_warns_where_the_same_share_is_a_large_wait(tmp_path,
               "of the time (37.0 ms a step); scripts/benchmark_input.py "
               "times the pipeline alone, and the performance guide lists "
               "remedies."]
+
+
+def test_reporter_bar_is_redrawn_and_kept_at_the_end(tmp_path, capsys,
+                                                     monkeypatch):
+  monkeypatch.setattr(console.shutil, "get_terminal_size",
+                      lambda: os.terminal_size((200, 24)))
+  reporter = _reporter(tmp_path, _Clock(), train_steps=20, bar=True)
+  metrics = lambda: {"loss": 0.5}  # noqa: E731
+  _after_loop(reporter, 10, 10, 1.0, 0.5, None, metrics)
+  _after_loop(reporter, 20, 10, 1.0, 0.25, None, metrics)
+  reporter.end(20)
+  assert capsys.readouterr().out == (
+      "\r\x1b[Kstep 10/20 [###############...............]  50% | 10.0 "
+      "steps/s | loss 0.5000 | ETA ?"
+      "\r\x1b[Kstep 20/20 [##############################] 100% | 10.0 "
+      "steps/s | loss 0.2500 | ETA 0s\n")
+
+
+def test_reporter_gives_each_summary_to_the_summary_functions(tmp_path):
+  given = []
+  reporter = _reporter(tmp_path, _Clock(),
+                       summary_fns=[lambda step, scalars: given.append(
+                           (step, scalars))])
+  metrics = lambda: {"loss": 0.5, "accuracy": 0.75}  # noqa: E731
+  for step in (10, 20):
+    _after_loop(reporter, step, 10, 2.0, 0.5, None, metrics)
+  assert given == [(20, {"loss": 0.5, "accuracy": 0.75,
+                         "steps_per_second": 5.0,
+                         "examples_per_second": 40.0})]

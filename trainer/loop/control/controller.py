@@ -155,7 +155,8 @@ class Controller(orbit.Controller):
         to it where it is built.
       hooks: Called around every loop, in this order (see
         `trainer.loop.control.hooks`): the progress line and train
-        summaries, the profile window, early stopping.
+        summaries, the profile window, early stopping, the Keras
+        callbacks, `metrics.csv`.
       restored_fn: Called after every restore of a checkpoint (the first,
         a rollback's), in the strategy scope: puts the configured optimizer
         hyperparameters over the checkpoint's.

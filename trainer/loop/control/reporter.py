@@ -2,7 +2,7 @@
 
 import math
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -23,21 +23,52 @@ def format_duration(seconds: float) -> str:
   return f"{seconds}s"
 
 
+def _eta_and_loss(eta_seconds: Optional[float],
+                  loss: Optional[float]) -> Tuple[str, str]:
+  """The ETA and the loss as the progress reports write them (`?` where
+  unknown)."""
+  eta = "?" if eta_seconds is None else format_duration(eta_seconds)
+  if loss is None:
+    return eta, "?"
+  return eta, f"{loss:.4f}" if math.isfinite(loss) else str(loss)
+
+
 def progress_line(step: int, train_steps: int, steps_per_second: float,
                   examples_per_second: float, loss: Optional[float],
                   eta_seconds: Optional[float]) -> str:
   """Returns the one-line training progress report (loss `?` where the
   runner reports none)."""
-  eta = "?" if eta_seconds is None else format_duration(eta_seconds)
-  if loss is None:
-    loss_text = "?"
-  else:
-    loss_text = f"{loss:.4f}" if math.isfinite(loss) else str(loss)
+  eta, loss_text = _eta_and_loss(eta_seconds, loss)
   width = len(str(train_steps))
   return (f"train | step {step:{width}d}/{train_steps} | "
           f"{steps_per_second:7.1f} steps/s | "
           f"{examples_per_second:8.0f} examples/s | loss {loss_text} | "
           f"ETA {eta}")
+
+
+# The bar's width in characters, at most and at least: within that, it
+# takes what the terminal's width leaves to it.
+BAR_WIDTH = (30, 10)
+
+
+def progress_bar(step: int, train_steps: int, steps_per_second: float,
+                 loss: Optional[float], eta_seconds: Optional[float],
+                 columns: int = 80) -> str:
+  """Returns the progress bar of an interactive terminal `columns` wide:
+  `step 300/1000 [#########.....................]  30% | 412.3 steps/s |
+  loss 0.1234 | ETA 2s`, the bar as wide as the line fits (see
+  `BAR_WIDTH`)."""
+  done = min(max(step / max(train_steps, 1), 0.0), 1.0)
+  eta, loss_text = _eta_and_loss(eta_seconds, loss)
+  width = len(str(train_steps))
+  head = f"step {step:{width}d}/{train_steps} "
+  tail = (f" {100 * done:3.0f}% | {steps_per_second:.1f} steps/s | "
+          f"loss {loss_text} | ETA {eta}")
+  # The cursor's column is left free: a full line would wrap.
+  bar_width = min(max(columns - 1 - len(head) - len(tail) - 2, BAR_WIDTH[1]),
+                  BAR_WIDTH[0])
+  filled = int(done * bar_width)
+  return f"{head}[{'#' * filled}{'.' * (bar_width - filled)}]{tail}"
 
 
 # Training is reported as input-bound where the steps wait for the input
@@ -70,6 +101,9 @@ class TrainReporter(loop_hooks.LoopHook):
   def __init__(self, writer: Optional[summaries.Writer], *, train_steps: int,
                global_batch_size: int, summary_interval: int,
                scalars_fn: Optional[Callable[[], Dict[str, float]]] = None,
+               summary_fns: Sequence[
+                   Callable[[int, Dict[str, float]], None]] = (),
+               bar: bool = False,
                clock: Callable[[], float] = time.perf_counter):
     """Creates the reporter.
 
@@ -79,6 +113,11 @@ class TrainReporter(loop_hooks.LoopHook):
       global_batch_size: Examples per step, for examples/s.
       summary_interval: Write summaries at multiples of this step.
       scalars_fn: Returns more train scalars (the loss scale, say).
+      summary_fns: Each called with the step and the scalars of every
+        train summary written (`metrics.csv`'s train rows, the Keras
+        callbacks' logs).
+      bar: Show progress as a bar redrawn in place (`progress_bar`), for
+        an interactive terminal, in place of a `train |` line a loop.
       clock: Seconds, for the ETA; injectable for tests.
     """
     self._writer = writer
@@ -86,6 +125,8 @@ class TrainReporter(loop_hooks.LoopHook):
     self._global_batch_size = global_batch_size
     self._summary_interval = summary_interval
     self._scalars_fn = scalars_fn
+    self._summary_fns = tuple(summary_fns)
+    self._bar = bar
     self._clock = clock
     self._learning_rate = None  # The last one written.
     self._input_bound = False  # Whether training was found input-bound.
@@ -108,16 +149,28 @@ class TrainReporter(loop_hooks.LoopHook):
     steps_per_second = result.num_steps / max(result.seconds, 1e-9)
     self._window_steps += result.num_steps
     self._window_seconds += result.seconds
-    console.info(progress_line(
-        step, self._train_steps, steps_per_second,
-        steps_per_second * self._global_batch_size, result.loss,
-        self._eta(step)))
+    eta = self._eta(step)
+    line = progress_line(step, self._train_steps, steps_per_second,
+                         steps_per_second * self._global_batch_size,
+                         result.loss, eta)
+    if self._bar:
+      console.status(progress_bar(step, self._train_steps, steps_per_second,
+                                  result.loss, eta, console.columns()),
+                     log=line)
+    else:
+      console.info(line)
     if self._writer is None:
       return
     if step % self._summary_interval == 0 or step >= self._train_steps:
       self._write_summaries(step, result.read_metrics())
     elif result.learning_rate is not None:  # A schedule's, between them.
       self._write_learning_rate(step, result.learning_rate)
+
+  def end(self, step: int) -> None:
+    """Keeps the bar's last state as a line of its own."""
+    del step  # Unused.
+    if self._bar:
+      console.end_status()
 
   def _eta(self, step: int) -> Optional[float]:
     """Seconds to `train_steps` at the rate since the first loop (which
@@ -157,6 +210,8 @@ class TrainReporter(loop_hooks.LoopHook):
     if waited is not None:
       scalars["input_wait_fraction"] = self._input_wait_fraction(step, waited)
     summaries.write_scalars(self._writer, scalars, step)
+    for summary_fn in self._summary_fns:
+      summary_fn(step, scalars)
     if not np.isfinite(float(scalars["loss"])):
       console.log(f"training loss is {scalars['loss']} at step {step}")
     self.reset_window()

@@ -1,0 +1,109 @@
+"""`model_dir/metrics.csv`: rows appended as the run goes, a header that
+grows, named sets, and a resume that neither duplicates nor contradicts a
+row; the file read back with `csv` as pandas would read it."""
+
+import csv
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from trainer.actions import metrics_csv
+
+
+class _Clock:
+  """Unix seconds that advance by one at every read."""
+
+  def __init__(self):
+    self.now = 1000.0
+
+  def __call__(self) -> float:
+    self.now += 1.0
+    return self.now
+
+
+def _rows(model_dir):
+  with open(os.path.join(model_dir, metrics_csv.METRICS_CSV),
+            newline="") as f:
+    return list(csv.reader(f))
+
+
+def _csv(model_dir, step=0, set_names=()):
+  steps = {"step": step}
+  writer = metrics_csv.MetricsCsv(str(model_dir), lambda: steps["step"],
+                                  set_names=set_names, clock=_Clock())
+  return writer, steps
+
+
+def test_train_and_eval_rows_share_metric_columns(tmp_path):
+  writer, steps = _csv(tmp_path)
+  writer.train_summary(100, {"loss": 0.5, "accuracy": 0.75,
+                             "learning_rate": np.float32(0.125)})
+  steps["step"] = 100
+  writer({"loss": tf.constant(0.25), "accuracy": np.float64(0.875)})
+  writer.train_summary(200, {"loss": 0.375, "accuracy": 0.8125,
+                             "learning_rate": 0.0625})
+  assert _rows(tmp_path) == [
+      ["step", "wall_time", "split", "loss", "accuracy", "learning_rate"],
+      ["100", "1001.000", "train", "0.5", "0.75", "0.125"],
+      ["100", "1002.000", "eval", "0.25", "0.875", ""],
+      ["200", "1003.000", "train", "0.375", "0.8125", "0.0625"]]
+
+
+def test_a_new_metric_grows_the_header_and_keeps_the_rows(tmp_path):
+  writer, steps = _csv(tmp_path, set_names=("clean", "noisy"))
+  writer.train_summary(10, {"loss": 1.0})
+  steps["step"] = 10
+  # Named sets: one row each, the metric names without the set's prefix;
+  # a result of no known set stays in the `eval` row.
+  writer({"clean/loss": 0.5, "clean/accuracy": 0.9, "noisy/loss": 2.0,
+          "other": 3.0, "image": np.zeros((2, 2))})
+  writer.train_summary(20, {"loss": float("nan"), "steps_per_second": 4.0})
+  assert _rows(tmp_path) == [
+      ["step", "wall_time", "split", "loss", "other", "accuracy",
+       "steps_per_second"],
+      ["10", "1001.000", "train", "1.0", "", "", ""],
+      ["10", "1002.000", "eval", "", "3.0", "", ""],
+      ["10", "1003.000", "eval/clean", "0.5", "", "0.9", ""],
+      ["10", "1004.000", "eval/noisy", "2.0", "", "", ""],
+      ["20", "1005.000", "train", "nan", "", "", "4.0"]]
+
+
+def test_a_resume_drops_the_rows_past_the_restored_step(tmp_path):
+  writer, steps = _csv(tmp_path)
+  for step in (100, 200, 300):  # Killed after 300's rows, saved at 200.
+    writer.train_summary(step, {"loss": step / 1000})
+    steps["step"] = step
+    writer({"loss": step / 100})
+  resumed, steps = _csv(tmp_path, step=200)
+  resumed.restarted(200)
+  assert [row[:3] for row in _rows(tmp_path)[1:]] == [
+      ["100", "1001.000", "train"], ["100", "1002.000", "eval"],
+      ["200", "1003.000", "train"], ["200", "1004.000", "eval"]]
+  resumed.train_summary(300, {"loss": 0.25})
+  # 200's evaluation made again (it was not recorded): it replaces the row.
+  steps["step"] = 200
+  resumed({"loss": 1.5})
+  assert [(row[0], row[2], row[3]) for row in _rows(tmp_path)[1:]] == [
+      ("100", "train", "0.1"), ("100", "eval", "1.0"),
+      ("200", "train", "0.2"), ("200", "eval", "1.5"),
+      ("300", "train", "0.25")]
+
+
+def test_a_rollback_drops_the_rows_of_the_steps_undone(tmp_path):
+  writer, _ = _csv(tmp_path)
+  for step in (10, 20, 30):
+    writer.train_summary(step, {"loss": 1.0})
+  writer.after_rollback(10)
+  assert [row[0] for row in _rows(tmp_path)[1:]] == ["10"]
+
+
+def test_a_row_torn_by_a_crash_is_dropped_when_read(tmp_path):
+  writer, _ = _csv(tmp_path)
+  writer.train_summary(10, {"loss": 1.0, "accuracy": 0.5})
+  with open(writer.path, "a") as f:
+    f.write("20,1002.0,tra")  # Killed mid-write.
+  resumed, _ = _csv(tmp_path)
+  resumed.train_summary(20, {"loss": 0.5, "accuracy": 0.75})
+  assert _rows(tmp_path)[1:] == [["10", "1001.000", "train", "1.0", "0.5"],
+                                 ["20", "1001.000", "train", "0.5", "0.75"]]

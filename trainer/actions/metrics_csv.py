@@ -1,0 +1,171 @@
+"""`model_dir/metrics.csv`: every train summary and every evaluation, one
+row each, written as the run goes; an eval action and a loop hook.
+
+The format is wide, as Keras's `CSVLogger` writes and as pandas and
+spreadsheets read it at once (`pd.read_csv(path)`):
+
+    step,wall_time,split,loss,accuracy,learning_rate,...
+    100,1795860000.123,train,0.41,0.88,0.01,...
+    100,1795860001.456,eval,0.37,0.9,,...
+
+`split` is `train` (a train summary: the loss and metrics averaged over
+the summary window, the learning rate, steps/s and the rest of the train
+scalars), `eval` (an evaluation of the Task's one unnamed set) or
+`eval/<set>` (one row per named evaluation set, its metric names without
+the `<set>/` prefix), so one column holds one metric for every split
+(`df[df.split == "eval"].plot(x="step", y="accuracy")`). `wall_time` is
+Unix seconds, as TensorBoard's. A metric that first appears later (a
+named set's, an evaluation's after train rows) adds a column: the file is
+then rewritten once, atomically, with the grown header and empty cells
+where a row has no value; otherwise a row is appended.
+
+A resumed run continues the file with no duplicate or contradicting rows:
+rows past the restored step (written by a run killed after its last
+checkpoint, steps that run again now) are dropped when training resumes
+(`restarted`) and after a rollback; a row for a step and split already
+there (an evaluation made again after a restart) replaces it. A last row
+cut short by a crash mid-write is dropped when the file is read.
+"""
+
+import csv
+import io
+import math
+import os
+import time
+from typing import Any, Callable, Dict, List, Mapping, Sequence
+
+import numpy as np
+
+from trainer.data import eval_sets
+from trainer.loop.control import hooks as loop_hooks
+from trainer.storage import files
+
+METRICS_CSV = "metrics.csv"
+# The columns of every row, before the metrics.
+KEYS = ("step", "wall_time", "split")
+
+
+class MetricsCsv(loop_hooks.LoopHook):
+  """`model_dir/metrics.csv`, kept by the training process.
+
+  A train row comes from the reporter (`train_summary`, given to it as a
+  summary function), an eval row from the eval action (`__call__`); as a
+  loop hook it only drops the rows a rollback undid.
+  """
+
+  def __init__(self, model_dir: str, step_fn: Callable[[], int],
+               set_names: Sequence[str] = (),
+               clock: Callable[[], float] = time.time):
+    """Reads the rows already in `model_dir/metrics.csv`, if any.
+
+    Args:
+      model_dir: Where the file is.
+      step_fn: Returns the global step, for the eval rows.
+      set_names: The named evaluation sets (() for the unnamed set).
+      clock: Unix seconds, for `wall_time`; injectable for tests.
+    """
+    self.path = os.path.join(model_dir, METRICS_CSV)
+    self._step_fn = step_fn
+    self._set_names = frozenset(set_names)
+    self._clock = clock
+    self._columns: List[str] = list(KEYS)
+    self._rows: List[Dict[str, str]] = []
+    torn = self._read()
+    if torn:
+      self._rewrite()
+
+  def _read(self) -> bool:
+    """Loads the file's header and rows; returns whether a row was torn (a
+    crash mid-write) and dropped."""
+    try:
+      with open(self.path, newline="", encoding="utf-8") as f:
+        lines = list(csv.reader(f))
+    except FileNotFoundError:
+      return False
+    if not lines or tuple(lines[0][:len(KEYS)]) != KEYS:
+      return bool(lines)  # Not ours, or empty: started again.
+    self._columns = lines[0]
+    torn = False
+    for cells in lines[1:]:
+      if len(cells) != len(self._columns) or not cells[0].isdigit():
+        torn = True
+        continue
+      self._rows.append(dict(zip(self._columns, cells)))
+    return torn
+
+  def restarted(self, step: int) -> None:
+    """Drops the rows past `step`, where training (re)starts: their steps
+    are trained again, and written again."""
+    kept = [row for row in self._rows if int(row["step"]) <= step]
+    if len(kept) != len(self._rows):
+      self._rows = kept
+      self._rewrite()
+
+  def after_rollback(self, step: int) -> None:
+    """The steps past `step` are gone: so are their rows."""
+    self.restarted(step)
+
+  def train_summary(self, step: int, scalars: Mapping[str, Any]) -> None:
+    """Adds the train row of `step` (the reporter's summary scalars)."""
+    self._add(step, "train", scalars)
+
+  def __call__(self, output: Mapping[str, Any]) -> None:
+    """Eval action: adds the evaluation's rows, one a named set."""
+    step = self._step_fn()
+    by_split: Dict[str, Dict[str, Any]] = {}
+    for name, value in output.items():
+      set_name = eval_sets.set_of(name)
+      if set_name in self._set_names:
+        split, name = f"eval/{set_name}", name[len(set_name) + 1:]
+      else:
+        split = "eval"
+      by_split.setdefault(split, {})[name] = value
+    for split in sorted(by_split):
+      self._add(step, split, by_split[split])
+
+  def _add(self, step: int, split: str, values: Mapping[str, Any]) -> None:
+    row = {"step": str(step), "wall_time": f"{self._clock():.3f}",
+           "split": split}
+    for name, number in scalars(values).items():
+      # Python's shortest round-trip text; `nan`, `inf` as such.
+      row[name] = repr(number) if math.isfinite(number) else str(number)
+    new_columns = [name for name in row if name not in self._columns]
+    replaced = [i for i, old in enumerate(self._rows)
+                if (old["step"], old["split"]) == (row["step"], split)]
+    if replaced:  # The same evaluation again, after a restart.
+      self._rows[replaced[0]] = row
+    else:
+      self._rows.append(row)
+    self._columns.extend(new_columns)
+    if not os.path.isdir(os.path.dirname(self.path)):
+      # `model_dir` deleted under the run: the next save says so, and
+      # nothing here makes it again.
+      return
+    if new_columns or replaced:
+      self._rewrite()
+      return
+    with open(self.path, "a", newline="", encoding="utf-8") as f:
+      if f.tell() == 0:
+        csv.writer(f).writerow(self._columns)
+      csv.writer(f).writerow(self._cells(row))
+
+  def _cells(self, row: Mapping[str, str]) -> List[str]:
+    return [row.get(column, "") for column in self._columns]
+
+  def _rewrite(self) -> None:
+    text = io.StringIO()
+    writer = csv.writer(text)
+    writer.writerow(self._columns)
+    writer.writerows(self._cells(row) for row in self._rows)
+    files.write_text(self.path, text.getvalue())
+
+
+def scalars(values: Mapping[str, Any]) -> Dict[str, float]:
+  """The values of `values` that are one number (a Python or NumPy number,
+  a scalar tensor), as floats; the rest (an image, a string) left out."""
+  found = {}
+  for name, value in values.items():
+    array = np.asarray(value)
+    if array.size == 1 and np.issubdtype(array.dtype, np.number):
+      found[name] = float(array.reshape(()))
+  return found
