@@ -223,6 +223,15 @@ class TrainerConfig:
           getattr(self, name) % self.steps_per_loop == 0,
           f"`trainer.{name}` ({getattr(self, name)}) must be a multiple of "
           f"`trainer.steps_per_loop` ({self.steps_per_loop}).")
+    # A callback's epoch ends at an evaluation, with the train summary's
+    # scalars: one written at that step, not an older one.
+    checks.require(
+        not (self.callbacks and self.validation_interval and
+             self.validation_interval % self.summary_interval),
+        f"`trainer.callbacks` end an epoch at each evaluation (every "
+        f"{self.validation_interval} steps) with the train summary's values, "
+        f"written every {self.summary_interval} steps: make "
+        "`trainer.summary_interval` divide `trainer.validation_interval`.")
     for name in ("gradient_clip_norm", "gradient_clip_value"):
       checks.number(f"trainer.{name}", getattr(self, name), above_zero=True,
                     optional=True)

@@ -13,6 +13,7 @@ import sys
 import pytest
 import tf_keras
 
+from trainer import config as config_lib
 from trainer import errors
 from trainer.actions import keras_callbacks
 from trainer.loop.control import hooks as loop_hooks
@@ -344,3 +345,20 @@ def test_a_fit_users_callbacks_metrics_csv_and_bar_through_train_py(
       ("400", "train"), ("400", "eval"), ("500", "train"), ("600", "train"),
       ("600", "eval")]
   assert rows[6]["loss"] != "123"
+
+
+def test_evaluations_between_train_summaries_are_refused_with_callbacks():
+  # The epoch's logs would hold an older summary's values (a user's
+  # CSVLogger fixed its columns from a first epoch without them).
+  settings = dict(train_steps=200, steps_per_loop=25, summary_interval=100,
+                  validation_interval=50)
+  with pytest.raises(errors.ConfigError) as raised:
+    config_lib.TrainerConfig(callbacks=[_Recorder()], **settings)
+  # Gin adds a line naming the configurable.
+  assert str(raised.value).splitlines()[0] == (
+      "`trainer.callbacks` end an epoch at each evaluation (every 50 steps) "
+      "with the train summary's values, written every 100 steps: make "
+      "`trainer.summary_interval` divide `trainer.validation_interval`.")
+  config_lib.TrainerConfig(**settings)  # Without callbacks nothing is refused.
+  config_lib.TrainerConfig(callbacks=[_Recorder()],
+                           **dict(settings, summary_interval=50))
