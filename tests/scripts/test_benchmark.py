@@ -1,7 +1,12 @@
 """scripts/benchmark.py: our runner against a bare loop, Orbit and Keras, in
-a real process."""
+a real process: the command docs/tools.md shows, shortened as
+tests/test_docs.py shortens it (its block is marked as run here; the same
+command in docs/precision-and-performance.md, and the one_device one, run
+there)."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -12,13 +17,28 @@ import helpers
 CONTENDERS = ["ours", "bare", "orbit", "keras"]
 
 
+def _tools_page_command():
+  """The arguments of docs/tools.md's `python scripts/benchmark.py` line."""
+  with open(os.path.join(helpers.REPO_ROOT, "docs", "tools.md"),
+            encoding="utf-8") as f:
+    found = re.findall(r"^python (scripts/benchmark\.py\b.*)$", f.read(),
+                       re.M)
+  assert len(found) == 1, found
+  return found[0].split()
+
+
 @pytest.mark.slow  # 25-49 s: a whole benchmark process.
 def test_reports_every_contender_and_its_ratio_to_bare():
+  command = _tools_page_command()
+  assert command == ["scripts/benchmark.py", "--strategy=mirrored"]
   result = subprocess.run(
-      [sys.executable, "scripts/benchmark.py", "--rounds=1", "--steps=100"],
+      [sys.executable, *command, "--rounds=1", "--steps=100"],
       cwd=helpers.REPO_ROOT, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-2000:]
   lines = result.stdout.strip().splitlines()
+  assert lines[0].startswith(
+      "strategy mirrored (MirroredStrategy, 2 replica(s)), global batch "), (
+          lines[0])
   figures = json.loads(lines[-1].removeprefix("JSON "))
   assert sorted(figures) == ["steps_per_loop_1", "steps_per_loop_100",
                              "vs_bare"]
