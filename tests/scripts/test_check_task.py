@@ -2,7 +2,9 @@
 the repository, imported by a gin file next to it, from that directory.
 
 Every check runs in its own process (the CPU split is process-wide),
-started when a test first asks for it.
+started when a test first asks for it. The shipped digits task's check is
+the command docs/tools.md and docs/writing-a-task.md show (their blocks are
+marked as run here): its output is checked against the latter's.
 """
 
 import os
@@ -445,9 +447,34 @@ def test_wrong_losses_fail_naming_build_losses(checks, case, task, message):
 
 
 @pytest.mark.slow
+def _page_blocks():
+  """The blocks of docs/tools.md and docs/writing-a-task.md that check the
+  shipped digits task."""
+  import test_docs  # pylint: disable=g-import-not-at-top
+  found = [block for page in ("docs/tools.md", "docs/writing-a-task.md")
+           for block in test_docs.blocks(page)
+           if "scripts/check_task.py --gin_file=gin/digits.gin" in block.text]
+  assert [block.run_by for block in found] == [
+      "tests/scripts/test_check_task.py"] * 2, found
+  return found
+
+
 def test_the_shipped_digits_task_passes(slow_checks):
+  blocks = _page_blocks()
   code, lines, stderr = slow_checks["digits"].result()
   assert code == 0, stderr[-2000:]
+  # The pages' command is this case's, run from the repository's root.
+  import test_docs  # pylint: disable=g-import-not-at-top
+  for block in blocks:
+    commands = [line.removeprefix("$ ")
+                for line in test_docs._logical_lines(block.text)  # pylint: disable=protected-access
+                if line.strip() and (block.language == "sh" or
+                                     line.startswith("$ "))]
+    assert commands == [
+        f"python scripts/check_task.py --gin_file={SLOW_CASES['digits']}"]
+    for expected in test_docs._expected_output(block):  # pylint: disable=protected-access
+      pattern = test_docs.output_pattern(expected)
+      assert any(pattern.search(line) for line in lines), (expected, lines)
   assert [text.split(":")[0] for text in lines[1:-1]] == [
       "PASS build_inputs", "PASS build_losses", "PASS input",
       "PASS replicas", "PASS resume", "PASS eval"]
