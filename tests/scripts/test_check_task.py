@@ -446,7 +446,6 @@ def test_wrong_losses_fail_naming_build_losses(checks, case, task, message):
                         f"check_task | FAIL: {task}"]
 
 
-@pytest.mark.slow
 def _page_blocks():
   """The blocks of docs/tools.md and docs/writing-a-task.md that check the
   shipped digits task."""
@@ -459,6 +458,7 @@ def _page_blocks():
   return found
 
 
+@pytest.mark.slow
 def test_the_shipped_digits_task_passes(slow_checks):
   blocks = _page_blocks()
   code, lines, stderr = slow_checks["digits"].result()
