@@ -15,9 +15,10 @@ no checks, no report. The sweep does all of that (its imports, the bad-input
 checks with a `train.py --dry_run`, Optuna's journal, HParams, the table,
 `results.csv` and the plot), and starts each trial's process ahead, so that
 its TensorFlow loads while the trial before trains (`trainer.sweeps.warm`).
-The two take turns over `--rounds` rounds, the first of a round alternating;
-each must exit 0 with 6 COMPLETE trials (the sweep) or 6 runs at their last
-step (the loop). Reported: the median seconds of each, and `added`, the
+`--trials=N` (2, 4 or 6) takes the grid's first N points, learning rate
+first: a shorter measurement of the same kind. The two take turns over
+`--rounds` rounds, the first of a round alternating; each must exit 0 with
+every trial COMPLETE (the sweep) or every run at its last step (the loop). Reported: the median seconds of each, and `added`, the
 median over the rounds of (sweep - loop) / loop within a round: negative
 where the sweep is faster than running its trials by hand. Also, from the
 sweep's own lines, its trials' seconds as it measured them (from the trial's
@@ -27,11 +28,11 @@ took beyond them.
 Target: added <= 0.05 (the sweep adds at most 5% to its trials' own time).
 
 Usage, from the repository root:
-  python scripts/benchmark_sweep.py [--rounds=3] [--steps=300]
+  python scripts/benchmark_sweep.py [--rounds=3] [--steps=300] [--trials=6]
 
 The last line printed is `JSON {...}`: `seconds` (medians per contender),
 `added`, `target`, `trial_seconds` and `beyond_trials` (medians over the
-sweep's rounds), `rounds`, `steps`.
+sweep's rounds), `rounds`, `steps`, `trials`.
 """
 
 import itertools
@@ -59,12 +60,19 @@ flags.DEFINE_integer("rounds", 3, "Rounds (a sweep and a loop each).",
                      lower_bound=1)
 flags.DEFINE_integer("steps", 300, "Training steps of each trial.",
                      lower_bound=1)
+flags.DEFINE_enum("trials", "6", ["2", "4", "6"], "Trials: the first N "
+                  "points of the 3x2 grid, learning rate first.")
 
 RATES = ("0.001", "0.003", "0.01")
 BATCHES = ("32", "64")
 TARGET = 0.05
 _COMPLETE = re.compile(r"^sweep \| trial \d+ COMPLETE \| .* \| ([\d.]+) s \|",
                        re.MULTILINE)
+
+
+def _points() -> List[Tuple[str, str]]:
+  """The (learning rate, batch size) of each trial, in the grid's order."""
+  return list(itertools.product(RATES, BATCHES))[:int(FLAGS.trials)]
 
 
 def _base() -> List[str]:
@@ -74,27 +82,31 @@ def _base() -> List[str]:
 
 def run_sweep(directory: str) -> Tuple[float, List[float]]:
   """Runs the sweep; returns its seconds and its trials' own seconds."""
+  points = _points()
+  rates = sorted({rate for rate, _ in points}, key=RATES.index)
+  batches = sorted({batch for _, batch in points}, key=BATCHES.index)
   start = time.perf_counter()
   result = subprocess.run(
       [sys.executable, "scripts/sweep.py", *_base(),
        f"--sweep_dir={directory}",
-       f"--space=optimizer.learning_rate=[{', '.join(RATES)}]",
-       f"--space=trainer.global_batch_size=[{', '.join(BATCHES)}]",
-       "--metric=accuracy", "--direction=maximize", "--n_trials=6"],
+       f"--space=optimizer.learning_rate=[{', '.join(rates)}]",
+       f"--space=trainer.global_batch_size=[{', '.join(batches)}]",
+       "--metric=accuracy", "--direction=maximize",
+       f"--n_trials={len(points)}"],
       cwd=REPO_ROOT, capture_output=True, text=True, check=False)
   seconds = time.perf_counter() - start
   trials = [float(s) for s in _COMPLETE.findall(result.stdout)]
-  if result.returncode or len(trials) != 6:
+  if result.returncode or len(trials) != len(points):
     sys.exit(f"benchmark_sweep.py: the sweep failed (exit "
              f"{result.returncode}):\n{result.stderr[-2000:]}")
   return seconds, trials
 
 
 def run_loop(directory: str) -> float:
-  """Runs the 6 trials' train.py commands one after another; returns the
+  """Runs the trials' train.py commands one after another; returns the
   seconds."""
   start = time.perf_counter()
-  for index, (rate, batch) in enumerate(itertools.product(RATES, BATCHES)):
+  for index, (rate, batch) in enumerate(_points()):
     result = subprocess.run(
         [sys.executable, "train.py", *_base(),
          f"--gin_param=optimizer.learning_rate={rate}",
@@ -135,9 +147,10 @@ def main(argv):
             "trial_seconds": round(statistics.median(trials), 2),
             "beyond_trials": round(statistics.median(
                 s - t for s, t in zip(seconds["sweep"], trials)), 2),
-            "rounds": FLAGS.rounds, "steps": FLAGS.steps}
-  print(f"sweep {medians['sweep']:.1f} s, its 6 trials as train.py commands "
-        f"{medians['loop']:.1f} s: the sweep adds {result['added']:+.1%} "
+            "rounds": FLAGS.rounds, "steps": FLAGS.steps,
+            "trials": int(FLAGS.trials)}
+  print(f"sweep {medians['sweep']:.1f} s, its {FLAGS.trials} trials as "
+        f"train.py commands {medians['loop']:.1f} s: the sweep adds {result['added']:+.1%} "
         f"(target <= {TARGET:.0%}): "
         f"{'MET' if result['added'] <= TARGET else 'NOT MET'}")
   print("JSON " + json.dumps(result))

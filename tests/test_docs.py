@@ -521,9 +521,11 @@ def _page_files(page: str) -> Dict[str, str]:
   return {b.file_name: b.text for b in blocks(page) if b.file_name}
 
 
+# Parses gin texts in groups, each from its own directory (a page's files);
+# stdin: [[directory, {name: text}], ...]. A group's modules are forgotten
+# after it, so the next group imports its own.
 _GIN_PARSER = r'''
 import json, os, sys
-sys.path.insert(0, os.getcwd())
 import trainer
 import gin
 from trainer import gin_config  # Registers `experiment`.
@@ -532,23 +534,66 @@ import config_reference
 config_reference.import_packages()
 gin.add_config_file_search_path(gin_config.REPO_ROOT)
 results = {}
-for name, text in json.load(sys.stdin).items():
-  gin.clear_config(clear_constants=True)
-  try:
-    gin.parse_config(text, skip_unknown=False)
-    results[name] = None
-  except Exception as e:  # Reported by the test.
-    results[name] = f"{type(e).__name__}: {e}"
+for directory, texts in json.load(sys.stdin):
+  os.chdir(directory)
+  sys.path.insert(0, directory)
+  for name, text in texts.items():
+    gin.clear_config(clear_constants=True)
+    try:
+      gin.parse_config(text, skip_unknown=False)
+      results[name] = None
+    except Exception as e:  # Reported by the test.
+      results[name] = f"{type(e).__name__}: {e}"
+  sys.path.remove(directory)
+  for module in [m for m in sys.modules.values()
+                 if (getattr(m, "__file__", None) or "").startswith(
+                     directory + os.sep)]:
+    del sys.modules[module.__name__]
 print("RESULTS " + json.dumps(results))
 '''
 
 
+def parse_gin(groups: List[Tuple[str, Dict[str, str]]]
+              ) -> Dict[str, Optional[str]]:
+  """Name -> None, or the error gin raised parsing its text; `groups` are
+  (directory, {name: text}), each parsed from its directory, in order. A
+  group whose directory holds Python modules ends its process: what they
+  register with gin stays registered, and must not make a later group's
+  texts parse (nor clash with another page's `my_task.py`)."""
+  processes: List[List[Tuple[str, Dict[str, str]]]] = [[]]
+  for directory, texts in groups:
+    processes[-1].append((directory, texts))
+    if any(name.endswith(".py") for name in os.listdir(directory)):
+      processes.append([])
+  results = {}
+  for process in filter(None, processes):
+    result = subprocess.run(
+        [sys.executable, "-c", _GIN_PARSER], input=json.dumps(process),
+        capture_output=True, text=True, timeout=300, check=False)
+    line = [l for l in result.stdout.splitlines()
+            if l.startswith("RESULTS ")]
+    assert line, result.stderr[-3000:]
+    results.update(json.loads(line[0][len("RESULTS "):]))
+  return results
+
+
+# Parsed by gin_results beside the pages' blocks: a binding of a parameter
+# that does not exist, as `backbone/learning_rate.initial = 1e-4` once stood
+# in the docs.
+_REFUSED = "refused: backbone/learning_rate.initial = 1e-4"
+
+
 @pytest.fixture(scope="module")
 def gin_results(tmp_path_factory) -> Dict[str, Optional[str]]:
-  """Block name -> None, or the error gin raised parsing it: every gin
-  block of every page, each page's files beside it, in one process (a
-  page's modules are imported there, not into the tests' process)."""
-  results = {}
+  """Name -> None, or the error gin raised parsing it: every gin block of
+  every page (`page:line`), each page's files beside it; every binding in
+  the pages' prose (`page: binding`, see below); and `_REFUSED`. In one
+  process per page with modules (imported there, not into the tests'
+  process), the others and the prose in the first."""
+  prose = {f"{page}: {binding}": _checked_text(binding)
+           for page in pages() for binding in prose_bindings(page)}
+  prose[_REFUSED] = _REFUSED.split(": ", 1)[1]
+  groups = [(str(tmp_path_factory.mktemp("prose")), prose)]
   for page in pages():
     gin_blocks = {b.name: b.text for b in blocks(page)
                   if b.language == "gin"}
@@ -557,14 +602,11 @@ def gin_results(tmp_path_factory) -> Dict[str, Optional[str]]:
     directory = tmp_path_factory.mktemp("gin")
     for name, text in _page_files(page).items():
       (directory / name).write_text(text)
-    result = subprocess.run(
-        [sys.executable, "-c", _GIN_PARSER], input=json.dumps(gin_blocks),
-        cwd=str(directory), capture_output=True, text=True, timeout=300,
-        check=False)
-    line = [l for l in result.stdout.splitlines() if l.startswith("RESULTS ")]
-    assert line, result.stderr[-3000:]
-    results.update(json.loads(line[0][len("RESULTS "):]))
-  return results
+    groups.append((str(directory), gin_blocks))
+  # Pages without modules first: they share a process with the prose.
+  groups.sort(key=lambda group: any(
+      name.endswith(".py") for name in os.listdir(group[0])))
+  return parse_gin(groups)
 
 
 def _failing_files(page: str) -> set:
@@ -623,20 +665,6 @@ def _checked_text(binding: str) -> str:
   return f"{name} = None" if value.strip() in _PLACEHOLDER_VALUES else binding
 
 
-@pytest.fixture(scope="module")
-def prose_binding_results() -> Dict[str, Optional[str]]:
-  """`page: binding` -> None, or the error gin raised parsing it."""
-  bindings = {f"{page}: {binding}": _checked_text(binding)
-              for page in pages() for binding in prose_bindings(page)}
-  result = subprocess.run(
-      [sys.executable, "-c", _GIN_PARSER], input=json.dumps(bindings),
-      cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-      check=False)
-  line = [l for l in result.stdout.splitlines() if l.startswith("RESULTS ")]
-  assert line, result.stderr[-3000:]
-  return json.loads(line[0][len("RESULTS "):])
-
-
 def test_prose_bindings_are_found():
   bindings = prose_bindings("docs/features.md")
   assert 'head/optimizer.name = "sgd"' in bindings
@@ -646,19 +674,14 @@ def test_prose_bindings_are_found():
   assert _checked_text("trainer.train_steps=2N") == "trainer.train_steps = None"
 
 
-def test_gin_refuses_a_binding_of_a_parameter_that_does_not_exist():
-  # As `backbone/learning_rate.initial = 1e-4` once stood in the docs.
-  result = subprocess.run(
-      [sys.executable, "-c", _GIN_PARSER],
-      input=json.dumps({"x": "backbone/learning_rate.initial = 1e-4"}),
-      cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-      check=False)
-  assert "doesn't have a parameter named 'initial'" in result.stdout
+def test_gin_refuses_a_binding_of_a_parameter_that_does_not_exist(
+    gin_results):
+  assert "doesn't have a parameter named 'initial'" in gin_results[_REFUSED]
 
 
 @pytest.mark.parametrize("page", pages())
-def test_bindings_in_the_prose_parse(page, prose_binding_results):
-  failures = {name: error for name, error in prose_binding_results.items()
+def test_bindings_in_the_prose_parse(page, gin_results):
+  failures = {name: error for name, error in gin_results.items()
               if name.startswith(f"{page}: ") and error is not None}
   assert not failures, failures
 

@@ -12,13 +12,14 @@ import helpers
 
 
 def _digits_config(**overrides):
-  settings = dict(train_steps=600, steps_per_loop=100, summary_interval=100,
+  settings = dict(train_steps=200, steps_per_loop=100, summary_interval=100,
                   global_batch_size=64, eval_batch_size=120)
   settings.update(overrides)
   return trainer.TrainerConfig(**settings)
 
 
-# float16 convolutions have no fast CPU kernels: that run takes ~4 minutes.
+# float16 convolutions have no fast CPU kernels (emulated): the run is
+# kept to 200 steps, 2 summary windows; digits passes 0.95 by step 100.
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_mixed_precision_digits_reaches_the_bar(tmp_path, dtype):
@@ -32,7 +33,7 @@ def test_mixed_precision_digits_reaches_the_bar(tmp_path, dtype):
   train = helpers.read_scalars(os.path.join(str(tmp_path), "train"))
   if dtype == "float16":
     # Dynamic scaling starts at 2**15 and doubles after 2000 good steps.
-    assert [v for _, v in train["loss_scale"]] == [32768.0] * 6
+    assert [v for _, v in train["loss_scale"]] == [32768.0] * 2
   else:
     assert "loss_scale" not in train
 

@@ -1,7 +1,11 @@
 """scripts/benchmark.py: our runner against a bare loop, Orbit and Keras, in
-a real process."""
+a real process: each command docs/precision-and-performance.md and
+docs/tools.md show (one_device, and mirrored on both pages), shortened as
+tests/test_docs.py shortens it; their blocks are marked as run here."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -10,15 +14,42 @@ import pytest
 import helpers
 
 CONTENDERS = ["ours", "bare", "orbit", "keras"]
+PAGES = ("precision-and-performance.md", "tools.md")
+
+
+def _page_commands():
+  """The arguments of each `python scripts/benchmark.py` line of PAGES (a
+  comment for the reader left out), each command once."""
+  found = []
+  for page in PAGES:
+    with open(os.path.join(helpers.REPO_ROOT, "docs", page),
+              encoding="utf-8") as f:
+      for line in re.findall(r"^python (scripts/benchmark\.py\b.*)$",
+                             f.read(), re.M):
+        command = line.split("#")[0].split()
+        if command not in found:
+          found.append(command)
+  return found
+
+
+def test_the_pages_show_one_command_per_strategy():
+  assert _page_commands() == [["scripts/benchmark.py"],
+                              ["scripts/benchmark.py", "--strategy=mirrored"]]
 
 
 @pytest.mark.slow  # 25-49 s: a whole benchmark process.
-def test_reports_every_contender_and_its_ratio_to_bare():
+@pytest.mark.parametrize("strategy, replicas", [
+    ("one_device", "OneDeviceStrategy, 1 replica(s)"),
+    ("mirrored", "MirroredStrategy, 2 replica(s)")])
+def test_reports_every_contender_and_its_ratio_to_bare(strategy, replicas):
+  command = _page_commands()[strategy == "mirrored"]
   result = subprocess.run(
-      [sys.executable, "scripts/benchmark.py", "--rounds=1", "--steps=100"],
+      [sys.executable, *command, "--rounds=1", "--steps=100"],
       cwd=helpers.REPO_ROOT, capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-2000:]
   lines = result.stdout.strip().splitlines()
+  assert lines[0].startswith(
+      f"strategy {strategy} ({replicas}), global batch "), lines[0]
   figures = json.loads(lines[-1].removeprefix("JSON "))
   assert sorted(figures) == ["steps_per_loop_1", "steps_per_loop_100",
                              "vs_bare"]

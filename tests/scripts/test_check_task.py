@@ -1,8 +1,10 @@
 """scripts/check_task.py, run as a user runs it: on Tasks in a module outside
 the repository, imported by a gin file next to it, from that directory.
 
-Every check runs in its own process (the CPU split is process-wide); all of
-them start at once and each test waits for its own.
+Every check runs in its own process (the CPU split is process-wide),
+started when a test first asks for it. The shipped digits task's check is
+the command docs/tools.md and docs/writing-a-task.md show (their blocks are
+marked as run here): its output is checked against the latter's.
 """
 
 import os
@@ -248,40 +250,46 @@ class Check:
     return self._result
 
 
-def _start(cases: Dict[str, str], user_dir) -> Dict[str, Check]:
-  """Starts a check of each case, all at once."""
-  (user_dir / "my_task.py").write_text(MY_TASKS)
-  started = {}
-  for name, task in cases.items():
-    if task.endswith(".gin"):
-      started[name] = Check(helpers.REPO_ROOT, task)
-      continue
-    (user_dir / f"{name}.gin").write_text(
-        f"import my_task\nexperiment.task = @{task}()\n"
-        "trainer.global_batch_size = 32\n")
-    started[name] = Check(str(user_dir), f"{name}.gin")
-  return started
+class _Checks:
+  """`checks[name]`: the check of a case, started when a test first asks
+  for it. Not all at once: under pytest-xdist this module's tests are
+  shared between two processes, and each would otherwise run every case."""
 
+  def __init__(self, cases: Dict[str, str], user_dir):
+    (user_dir / "my_task.py").write_text(MY_TASKS)
+    self.cases, self.user_dir, self.started = cases, user_dir, {}
 
-def _stop(started: Dict[str, Check]) -> None:
-  for check in started.values():
-    if check.process.poll() is None:
-      check.process.kill()
-      check.process.wait()
+  def __getitem__(self, name: str) -> Check:
+    if name not in self.started:
+      task = self.cases[name]
+      if task.endswith(".gin"):
+        self.started[name] = Check(helpers.REPO_ROOT, task)
+      else:
+        (self.user_dir / f"{name}.gin").write_text(
+            f"import my_task\nexperiment.task = @{task}()\n"
+            "trainer.global_batch_size = 32\n")
+        self.started[name] = Check(str(self.user_dir), f"{name}.gin")
+    return self.started[name]
+
+  def stop(self) -> None:
+    for check in self.started.values():
+      if check.process.poll() is None:
+        check.process.kill()
+        check.process.wait()
 
 
 @pytest.fixture(scope="module")
-def checks(tmp_path_factory) -> Dict[str, Check]:
-  started = _start(CASES, tmp_path_factory.mktemp("user"))
+def checks(tmp_path_factory) -> _Checks:
+  started = _Checks(CASES, tmp_path_factory.mktemp("user"))
   yield started
-  _stop(started)
+  started.stop()
 
 
 @pytest.fixture(scope="module")
-def slow_checks(tmp_path_factory) -> Dict[str, Check]:
-  started = _start(SLOW_CASES, tmp_path_factory.mktemp("user"))
+def slow_checks(tmp_path_factory) -> _Checks:
+  started = _Checks(SLOW_CASES, tmp_path_factory.mktemp("user"))
   yield started
-  _stop(started)
+  started.stop()
 
 
 def line(lines: List[str], prefix: str) -> str:
@@ -438,10 +446,35 @@ def test_wrong_losses_fail_naming_build_losses(checks, case, task, message):
                         f"check_task | FAIL: {task}"]
 
 
+def _page_blocks():
+  """The blocks of docs/tools.md and docs/writing-a-task.md that check the
+  shipped digits task."""
+  import test_docs  # pylint: disable=g-import-not-at-top
+  found = [block for page in ("docs/tools.md", "docs/writing-a-task.md")
+           for block in test_docs.blocks(page)
+           if "scripts/check_task.py --gin_file=gin/digits.gin" in block.text]
+  assert [block.run_by for block in found] == [
+      "tests/scripts/test_check_task.py"] * 2, found
+  return found
+
+
 @pytest.mark.slow
 def test_the_shipped_digits_task_passes(slow_checks):
+  blocks = _page_blocks()
   code, lines, stderr = slow_checks["digits"].result()
   assert code == 0, stderr[-2000:]
+  # The pages' command is this case's, run from the repository's root.
+  import test_docs  # pylint: disable=g-import-not-at-top
+  for block in blocks:
+    commands = [line.removeprefix("$ ")
+                for line in test_docs._logical_lines(block.text)  # pylint: disable=protected-access
+                if line.strip() and (block.language == "sh" or
+                                     line.startswith("$ "))]
+    assert commands == [
+        f"python scripts/check_task.py --gin_file={SLOW_CASES['digits']}"]
+    for expected in test_docs._expected_output(block):  # pylint: disable=protected-access
+      pattern = test_docs.output_pattern(expected)
+      assert any(pattern.search(line) for line in lines), (expected, lines)
   assert [text.split(":")[0] for text in lines[1:-1]] == [
       "PASS build_inputs", "PASS build_losses", "PASS input",
       "PASS replicas", "PASS resume", "PASS eval"]

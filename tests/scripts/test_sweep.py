@@ -597,61 +597,82 @@ def test_tensorboard_tells_trials_apart_by_status_and_keeps_integers(
 # Bad input: one line, exit 2, nothing written.
 
 
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
-  cases = {
-      "names nothing": (
-          ["--space=optimizer.learnin_rate=[0.01, 0.001]",
-           "--metric=accuracy"],
-          "sweep.py: error: `--space=optimizer.learnin_rate=[0.01, 0.001]`: "
-          "optimizer.learnin_rate=0.01: --gin_param: Configurable "
-          "'optimizer' doesn't have a parameter named 'learnin_rate' (did "
-          "you mean 'learning_rate'?)"),
-      "value refused": (
-          ["--space=trainer.global_batch_size=[32, 0]", "--metric=accuracy"],
-          "sweep.py: error: `--space=trainer.global_batch_size=[32, 0]`: "
-          "trainer.global_batch_size=0: `trainer.global_batch_size` (0) "
-          "must be positive."),
-      "unparsable range": (
-          ["--space=optimizer.learning_rate=loguniform(1e-4)",
-           "--metric=accuracy"],
-          "sweep.py: error: `--space=optimizer.learning_rate=loguniform("
-          "1e-4)`: `loguniform` takes two numbers, low and high."),
-      "grid too large": (
-          ["--space=optimizer.learning_rate=[0.01, 0.001, 0.003]",
-           "--sampler=grid", "--n_trials=2", "--metric=accuracy"],
-          "sweep.py: error: the grid has 3 points, more than --n_trials=2: "
-          "raise --n_trials, sample it with --sampler=random or tpe, or run "
-          "--n_trials of its points with --partial_grid."),
-      "launcher not found": (
-          ["--space=optimizer.learning_rate=[0.01, 0.001]",
-           "--metric=accuracy", "--launcher=no-such-launcher -n2"],
-          "sweep.py: error: --launcher='no-such-launcher -n2': "
-          "no-such-launcher is not a program on PATH."),
-      "held-out metric": (
-          ["--space=optimizer.learning_rate=[0.01, 0.001]",
-           "--metric=test/accuracy",
-           "--gin_param=trainer.held_out_sets=('test',)"],
-          "sweep.py: error: `--metric` ('test/accuracy') is a result of the "
-          "held-out set 'test' (`trainer.held_out_sets`), which is evaluated "
-          "and reported but never judged: judge by another set's result."),
-      "metric not produced": (
-          ["--space=optimizer.learning_rate=[0.01, 0.001]", "--metric=f1"],
-          "sweep.py: error: --metric=f1 is not a result of the task's "
-          "evaluation, which gives: accuracy, loss."),
-  }
+# Sweep flags a user gets wrong, and the one line each gets (exit 2).
+BAD_INPUTS = {
+    "names nothing": (
+        ["--space=optimizer.learnin_rate=[0.01, 0.001]",
+         "--metric=accuracy"],
+        "sweep.py: error: `--space=optimizer.learnin_rate=[0.01, 0.001]`: "
+        "optimizer.learnin_rate=0.01: --gin_param: Configurable "
+        "'optimizer' doesn't have a parameter named 'learnin_rate' (did "
+        "you mean 'learning_rate'?)"),
+    "value refused": (
+        ["--space=trainer.global_batch_size=[32, 0]", "--metric=accuracy"],
+        "sweep.py: error: `--space=trainer.global_batch_size=[32, 0]`: "
+        "trainer.global_batch_size=0: `trainer.global_batch_size` (0) "
+        "must be positive."),
+    "unparsable range": (
+        ["--space=optimizer.learning_rate=loguniform(1e-4)",
+         "--metric=accuracy"],
+        "sweep.py: error: `--space=optimizer.learning_rate=loguniform("
+        "1e-4)`: `loguniform` takes two numbers, low and high."),
+    "grid too large": (
+        ["--space=optimizer.learning_rate=[0.01, 0.001, 0.003]",
+         "--sampler=grid", "--n_trials=2", "--metric=accuracy"],
+        "sweep.py: error: the grid has 3 points, more than --n_trials=2: "
+        "raise --n_trials, sample it with --sampler=random or tpe, or run "
+        "--n_trials of its points with --partial_grid."),
+    "launcher not found": (
+        ["--space=optimizer.learning_rate=[0.01, 0.001]",
+         "--metric=accuracy", "--launcher=no-such-launcher -n2"],
+        "sweep.py: error: --launcher='no-such-launcher -n2': "
+        "no-such-launcher is not a program on PATH."),
+    "held-out metric": (
+        ["--space=optimizer.learning_rate=[0.01, 0.001]",
+         "--metric=test/accuracy",
+         "--gin_param=trainer.held_out_sets=('test',)"],
+        "sweep.py: error: `--metric` ('test/accuracy') is a result of the "
+        "held-out set 'test' (`trainer.held_out_sets`), which is evaluated "
+        "and reported but never judged: judge by another set's result."),
+    "metric not produced": (
+        ["--space=optimizer.learning_rate=[0.01, 0.001]", "--metric=f1"],
+        "sweep.py: error: --metric=f1 is not a result of the task's "
+        "evaluation, which gives: accuracy, loss."),
+}
+# In the default suite: a typo in a binding, checked with the task's gin
+# configuration, and a launcher, checked before any process starts ahead.
+# The others load TensorFlow in three processes each (the sweep and the two
+# it starts ahead), so they run with the slow tests; the range and binding
+# messages are also checked in-process above (test_parse_dimension_errors,
+# test_a_bad_binding_is_blamed_on_its_own_flag).
+DEFAULT_BAD_INPUTS = ("names nothing", "launcher not found")
+
+
+def _check_bad_inputs(tmp_path, names):
   # Started together: each spends its seconds importing TensorFlow.
   running = {
       name: subprocess.Popen(
           [sys.executable, SWEEP_PY,
-           *sweep_args(tmp_path / name.replace(" ", "_"), *args)],
+           *sweep_args(tmp_path / name.replace(" ", "_"),
+                       *BAD_INPUTS[name][0])],
           cwd=helpers.REPO_ROOT, stdout=subprocess.PIPE,
           stderr=subprocess.PIPE, text=True)
-      for name, (args, _) in cases.items()}
+      for name in names}
   for name, process in running.items():
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 2, (name, stderr[-2000:])
-    assert stderr.strip().splitlines() == [cases[name][1]], name
+    assert stderr.strip().splitlines() == [BAD_INPUTS[name][1]], name
   assert not list(tmp_path.iterdir())
+
+
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
+  _check_bad_inputs(tmp_path, DEFAULT_BAD_INPUTS)
+
+
+@pytest.mark.slow
+def test_more_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
+  _check_bad_inputs(tmp_path, [name for name in BAD_INPUTS
+                               if name not in DEFAULT_BAD_INPUTS])
 
 
 # Whole sweeps.
@@ -723,7 +744,11 @@ def test_grid_completes_best_from_event_files_and_hparams(tmp_path):
 @pytest.mark.slow
 def test_killed_sweep_resumes_the_interrupted_trial(tmp_path):
   sweep_dir = str(tmp_path / "sweep")
-  args = sweep_args(sweep_dir, *GRID, "--gin_param=trainer.train_steps=600",
+  # Two trials (GRID's four ran 2 more 600-step runs): trial 0 killed and
+  # resumed, trial 1 run by the rerun alone.
+  grid = ["--space=optimizer.learning_rate=[0.01, 0.001]", "--sampler=grid",
+          "--n_trials=2", "--metric=accuracy"]
+  args = sweep_args(sweep_dir, *grid, "--gin_param=trainer.train_steps=600",
                     "--gin_param=trainer.checkpoint_interval=100",
                     "--gin_param=trainer.validation_interval=200")
   first = subprocess.Popen([sys.executable, SWEEP_PY, *args],
@@ -741,9 +766,10 @@ def test_killed_sweep_resumes_the_interrupted_trial(tmp_path):
   result = run_sweep(args)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "sweep | trial 0 resume | " in result.stdout
+  assert "sweep | trial 1 start | " in result.stdout
   rows = read_csv(sweep_dir)
-  assert sorted(row["trial"] for row in rows) == ["0", "1", "2", "3"]
-  assert [row["state"] for row in rows] == ["COMPLETE"] * 4
+  assert sorted(row["trial"] for row in rows) == ["0", "1"]
+  assert [row["state"] for row in rows] == ["COMPLETE"] * 2
   text = open(log).read()
   assert re.search(r"resuming from ckpt-[1-9]\d*, step [1-9]", text), text
   assert text.count(": new\n") == 1
