@@ -16,8 +16,10 @@ Task's `train_step` override included), it checks that:
                 the other half end where the uninterrupted steps did (a
                 mixture's sampling position included);
   eval          each evaluation set (every named one, or the one unnamed),
-                evaluated whole with the same weights on one device and on
-                replicas, gives the same results.
+                evaluated whole (a set of a size tf.data does not know,
+                which may never end, for `trainer.validation_steps`
+                batches where they are counted) with the same weights on
+                one device and on replicas, gives the same results.
 
 Every run uses plain SGD (`--learning_rate`) in float32, whatever the task's
 optimizer and precision: Adam would hide a wrong loss scale. A pipelined
@@ -57,6 +59,7 @@ from trainer import cli
 from trainer import console
 from trainer import errors
 from trainer import state as state_lib
+from trainer.data import eval_sets
 from trainer.data import inputs as inputs_lib
 from trainer.distribute import pipeline
 from trainer.loop.runner import evaluator as evaluator_lib
@@ -380,7 +383,9 @@ def evaluate_sets(task: task_lib.Task, run: Run,
                   ) -> Dict[Optional[str], Dict[str, float]]:
   """Each evaluation set's results with `run`'s model, in its strategy, as
   `train.py` evaluates them (a full pass, the partial last batch split over
-  the replicas); by set name, None for a Task's one unnamed set."""
+  the replicas; a set of a size tf.data does not know, which may never
+  end, the `trainer.validation_steps` batches `train.py` reads where they
+  are counted); by set name, None for a Task's one unnamed set."""
   strategy = run.trainer.strategy
   results = {}
   # Each set's evaluator traces its own step: TensorFlow's retracing
@@ -394,7 +399,12 @@ def evaluate_sets(task: task_lib.Task, run: Run,
       evaluator = evaluator_lib.TaskEvaluator(
           task, run.model, strategy, eval_input, run.trainer.global_step,
           set_name=name)
-      results[name] = evaluator.evaluate(tf.constant(-1))
+      steps = -1
+      if int(eval_input.dataset.cardinality()) < 0:
+        # A size tf.data does not know, perhaps endless (Model Garden's
+        # mock): the batches `train.py` evaluates, where they are counted.
+        steps = eval_sets.steps_for(config.validation_steps, name)
+      results[name] = evaluator.evaluate(tf.constant(steps))
   finally:
     logger.setLevel(level)
   return results

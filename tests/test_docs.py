@@ -434,11 +434,15 @@ _NAMING_FILES = ("docs/**/*.md", "README.md", "train.py", "trainer/**/*.py",
 
 def _resolves(dotted: str, prefix: bool, bindings: set) -> bool:
   """Whether `dotted` names a module or an attribute of one, or (as
-  `trainer.<name>`) a binding of the `trainer` configurable."""
+  `trainer.<name>`) a binding of the `trainer` configurable, or a field of
+  a Model Garden experiment's `trainer` (`trainer.optimizer_config`, as
+  `--params_override` names it)."""
   parts = dotted.split(".")
   if len(parts) == 2 and (parts[1].isupper() or parts[1] in bindings or (
       prefix and any(name.startswith(parts[1]) for name in bindings))):
     return True  # `trainer.NAME` is a placeholder.
+  if _experiment_field(parts):
+    return True
   for length in range(len(parts), 1, -1):
     module = ".".join(parts[:length])
     if _find_spec_or_none(module) is None:
@@ -450,6 +454,18 @@ def _resolves(dotted: str, prefix: bool, bindings: set) -> bool:
       target = getattr(target, attribute)
     return True
   return hasattr(importlib.import_module("trainer"), parts[1])
+
+
+def _experiment_field(parts: List[str]) -> bool:
+  """Whether `parts` is the path of a field of Model Garden's
+  `ExperimentConfig` (its defaults) under `trainer`."""
+  from official.core import config_definitions  # pylint: disable=g-import-not-at-top
+  target = config_definitions.ExperimentConfig()
+  for name in parts:
+    if not hasattr(target, name):
+      return False
+    target = getattr(target, name)
+  return True
 
 
 def _find_spec_or_none(name: str):

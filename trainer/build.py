@@ -153,8 +153,15 @@ def checkpoint_items(state: state_lib.TrainState,
   """What a checkpoint holds, by name: the model, the global step, the
   optimizer if any; with a `trainer`, its count of discarded batches, the
   batch size its input is read in (`checkpoints.BATCH_SIZE`) and, if
-  `with_input`, its input position (`checkpoints.INPUT_POSITION`)."""
+  `with_input`, its input position (`checkpoints.INPUT_POSITION`). A
+  model's own `checkpoint_items` (Model Garden's: its `backbone`, which a
+  Task's `init_checkpoint_modules` reads) are added, as Model Garden's
+  trainer adds them."""
   items = {"model": state.model, "global_step": state.global_step}
+  if not named.several(state.model):
+    for name, item in (getattr(state.model, "checkpoint_items", None)
+                       or {}).items():
+      items.setdefault(name, item)
   if state.optimizer is not None:
     items["optimizer"] = state.optimizer
   if trainer is not None:

@@ -24,6 +24,7 @@ from trainer import config as config_lib
 from trainer import console
 from trainer import errors
 from trainer import model_dir as model_dir_lib
+from trainer import model_garden
 from trainer import preemption
 from trainer import resume as resume_lib
 from trainer import runtime as runtime_lib
@@ -76,6 +77,8 @@ def run(task: task_lib.Task, mode: str, model_dir: str,
   started = time.perf_counter()
   runtime = runtime or runtime_lib.RuntimeConfig()
   config = config or config_lib.TrainerConfig()
+  # A Model Garden experiment's settings (settled once, by the gin config).
+  runtime, config = model_garden.settle(task, runtime, config, model_dir)
   if mode not in MODES:
     raise errors.ConfigError(
         f"`mode` ({mode!r}) must be one of: {', '.join(MODES)}.")
@@ -149,8 +152,10 @@ def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
           config=parts.config, num_workers=parts.worker.num_workers,
           restored_path=controller.restored_path, step=controller.step,
           training=parts.training, evaluating=parts.evaluating,
+          # A Model Garden Task's step is scaled by its adapter.
           unchecked_train_step=(
               task_lib.overrides(task, "train_step") and
+              not isinstance(task, model_garden.ModelGardenTask) and
               not (parts.trainer and parts.trainer.checks_loss_scaling)),
           dry_run=dry_run))
       if controller.step:

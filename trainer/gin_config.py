@@ -20,6 +20,7 @@ import gin
 from trainer import config as config_lib
 from trainer import errors
 from trainer import experiment  # noqa: F401  Registers what a run configures.
+from trainer import model_garden  # Registers `model_garden_task`.
 from trainer import runtime as runtime_lib
 from trainer import user_errors
 from trainer.model import task as task_lib
@@ -151,7 +152,10 @@ def load_config(gin_files: Sequence[str], gin_params: Sequence[str]
       gin.parse_config_files_and_bindings(gin_files, gin_params,
                                           skip_unknown=False)
     task = configured_task()
-    return task, runtime_lib.RuntimeConfig(), config_lib.TrainerConfig()
+    # Built from gin; a Model Garden experiment's settings meet gin's here,
+    # once, before either is checked.
+    runtime, config = model_garden.settle(task)
+    return task, runtime, config
   except Exception as e:  # Gin re-raises the user's errors with context.
     message = _one_line(e)
     # A `ConfigError` is already the one line to show, wherever it was
