@@ -115,6 +115,7 @@ def compare_results(theirs, ours):
 # The peer check on the mock experiment.
 
 
+@pytest.mark.slow  # Two trainings of 200 steps and Model Garden's own: over 10 s.
 def test_mock_experiment_ends_as_model_garden_ends_it(tmp_path):
   gin.parse_config_file(os.path.join(helpers.REPO_ROOT, MOCK_GIN))
   config_file = os.path.join(
@@ -559,6 +560,7 @@ model_garden_task.experiment = "sum_regression"
 '''
 
 
+@pytest.mark.slow  # Three train.py processes.
 def test_a_users_registered_experiment_trains_and_resumes(tmp_path):
   (tmp_path / "sum_experiment.py").write_text(USER_EXPERIMENT)
   (tmp_path / "sum.gin").write_text(USER_GIN)
