@@ -71,7 +71,11 @@ def test_two_workers_train_digits_in_sync(tmp_path):
   # One checkpoint series and one set of event files, all the chief's.
   assert sorted(os.listdir(model_dir)) == [
       "checkpoint", "ckpt-300.data-00000-of-00001", "ckpt-300.index", "eval",
-      "operative_config.gin", "train"]
+      "metrics.csv", "operative_config.gin", "train"]
+  # metrics.csv is the chief's alone: one row a summary, none twice.
+  rows = (model_dir / "metrics.csv").read_text().splitlines()[1:]
+  step_and_split = [(row.split(",")[0], row.split(",")[2]) for row in rows]
+  assert rows and len(set(step_and_split)) == len(step_and_split)
   assert len(os.listdir(model_dir / "train")) == 1
   eval_files = sorted(os.listdir(model_dir / "eval"))
   assert len(eval_files) == 2 and eval_files[0] == "evaluated.json"

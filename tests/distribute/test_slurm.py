@@ -312,7 +312,11 @@ def test_srun_forms_the_cluster_and_matches_worker_hosts(slurm_env, tmp_path):
   # Only the chief wrote into model_dir.
   assert sorted(os.listdir(model_dir)) == [
       "checkpoint", "ckpt-300.data-00000-of-00001", "ckpt-300.index", "eval",
-      "operative_config.gin", "train"]
+      "metrics.csv", "operative_config.gin", "train"]
+  # metrics.csv is the chief's alone: one row a summary, none twice.
+  rows = (model_dir / "metrics.csv").read_text().splitlines()[1:]
+  step_and_split = [(row.split(",")[0], row.split(",")[2]) for row in rows]
+  assert rows and len(set(step_and_split)) == len(step_and_split)
   assert len(os.listdir(model_dir / "train")) == 1
 
   # The same run with the cluster given by hand, outside SLURM: the same
