@@ -446,6 +446,37 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, binding, line):
   assert not model_dir.exists()
 
 
+def test_a_gin_file_that_imports_no_experiment_says_to_import_it(tmp_path):
+  # Nothing of Model Garden is imported before gin locks the configuration:
+  # the adapter's own first import of it must still work (a user's trial
+  # got gin's "Attempted to add a new configurable after the config was
+  # locked" instead of this line).
+  (tmp_path / "no_import.gin").write_text(
+      "experiment.task = @model_garden_task()\n"
+      'model_garden_task.experiment = "my_exp"\n')
+  run = helpers.run_cli(["--gin_file=no_import.gin", "--model_dir=run"],
+                        cwd=str(tmp_path))
+  assert run.returncode == 2
+  assert run.stderr.strip().splitlines()[-1] == (
+      "train.py: error: `model_garden_task.experiment`: no Model Garden "
+      "experiment 'my_exp' is registered; none is registered. An experiment "
+      "is registered when its module is imported: add its `import` line to "
+      "the gin file (e.g. `import official.vision.registry_imports`).")
+  assert not (tmp_path / "run").exists()
+
+
+def test_model_gardens_own_flags_say_where_they_go(tmp_path):
+  run = helpers.run_cli([f"--gin_file={MOCK_GIN}", "--experiment=mock",
+                         f"--model_dir={tmp_path / 'run'}"])
+  assert run.returncode == 2
+  assert run.stderr.strip().splitlines()[-1] == (
+      "train.py: error: Unknown command line flag 'experiment': Model "
+      "Garden's --experiment is the gin binding `model_garden_task."
+      "experiment` here (--gin_param='model_garden_task.experiment=...'; "
+      "docs/coming-from-model-garden.md)")
+  assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("kwargs,message", [
     (dict(experiment="mock", config_file="missing.yaml"),
      "`model_garden_task.config_file`: no such file: missing.yaml"),

@@ -127,6 +127,21 @@ def fail(message: Union[str, Callable[[], str]],
   os._exit(exit_code)  # pylint: disable=protected-access
 
 
+# Model Garden's `train.py` flags, which a user of it types first.
+_MODEL_GARDEN_FLAGS = ("experiment", "config_file", "params_override")
+
+
+def _model_garden_hint(message: str) -> str:
+  """For an unknown flag of Model Garden's `train.py`, where it goes here."""
+  for name in _MODEL_GARDEN_FLAGS:
+    if f"Unknown command line flag '{name}'" in message:
+      return (f": Model Garden's --{name} is the gin binding "
+              f"`model_garden_task.{name}` here (--gin_param="
+              f"'model_garden_task.{name}=...'; "
+              "docs/coming-from-model-garden.md)")
+  return ""
+
+
 def parse_flags(argv: List[str], program: str = "train.py",
                 shared: Sequence[str] = TRAIN_FLAGS) -> List[str]:
   """Parses flags; a bad flag is one line on stderr and exit code 2.
@@ -139,7 +154,8 @@ def parse_flags(argv: List[str], program: str = "train.py",
   try:
     return FLAGS(argv)
   except flags.Error as e:
-    fail(str(e).splitlines()[0], program=program)
+    fail(str(e).splitlines()[0] + _model_garden_hint(str(e)),
+         program=program)
 
 
 @contextlib.contextmanager

@@ -28,14 +28,16 @@ alone, as for every Task. docs/coming-from-model-garden.md lists every flag
 and field.
 """
 
-# Model Garden's modules are imported where they are used, not here: every
-# run imports this module (`trainer.experiment`), and `official.core` took
-# 0.28 s to import (`python -X importtime`), a cost for runs of no Model
-# Garden Task. The annotations that name its types stay unevaluated.
+# Model Garden's modules are imported where they are used (`_official`), not
+# here: every run imports this module (`trainer.experiment`), and
+# `official.core` took 0.28 s to import (`python -X importtime`), a cost for
+# runs of no Model Garden Task. The annotations that name its types stay
+# unevaluated.
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
 import inspect
 import os
 import typing
@@ -168,10 +170,19 @@ def model_garden_task(experiment: str = gin.REQUIRED,
   return ModelGardenTask(experiment, params)
 
 
+def _official(module: str):
+  """Imports one of Model Garden's modules, on first use (see the imports),
+  with gin's configuration unlocked: importing `official.core` registers
+  gin configurables (`optimizer_factory`), which a locked configuration
+  refuses, and a run's is locked by the time its Task is built."""
+  with gin.unlock_config():
+    return importlib.import_module(module)
+
+
 def registered_experiments() -> List[str]:
   """Every experiment name in `exp_factory`'s registry (a/b/c for nested
   registrations), sorted."""
-  from official.core import exp_factory  # pylint: disable=g-import-not-at-top
+  exp_factory = _official("official.core.exp_factory")
   names = []
 
   def walk(collection, prefix):
@@ -235,7 +246,7 @@ def experiment_config(experiment: str,
       override Model Garden refuses (its message), a config that does not
       validate, or a Task config no Task is registered for.
   """
-  from official.core import exp_factory  # pylint: disable=g-import-not-at-top
+  exp_factory = _official("official.core.exp_factory")
   if not isinstance(experiment, str) or not experiment:
     raise errors.ConfigError(
         f"`{NAME}.experiment` ({experiment!r}) must be the name of a "
@@ -285,7 +296,7 @@ def _override(params, source, what: str) -> None:
   Raises:
     errors.ConfigError: With Model Garden's message, on one line.
   """
-  from official.modeling import hyperparams  # pylint: disable=g-import-not-at-top
+  hyperparams = _official("official.modeling.hyperparams")
   try:
     hyperparams.override_params_dict(params, source, is_strict=True)
   except Exception as e:  # pylint: disable=broad-except
@@ -300,7 +311,7 @@ def _task_class(params, experiment: str):
   Raises:
     errors.ConfigError: If none is registered.
   """
-  from official.core import task_factory  # pylint: disable=g-import-not-at-top
+  task_factory = _official("official.core.task_factory")
   task_config = params.task
   if getattr(task_config, "BUILDER", None) is not None:
     return task_config.BUILDER
@@ -397,7 +408,7 @@ class ModelGardenTask(task_lib.Task):
   def garden(self) -> base_task.Task:
     """The Model Garden Task (`task_factory.get_task`), made at first use,
     once the run's settings are written into `params`."""
-    from official.core import task_factory  # pylint: disable=g-import-not-at-top
+    task_factory = _official("official.core.task_factory")
     if self._garden is None:
       self._garden = task_factory.get_task(self.params.task,
                                            logging_dir=self.logging_dir)
@@ -471,7 +482,7 @@ class ModelGardenTask(task_lib.Task):
     for this call, so that the loss is not scaled twice.
     """
     del settings
-    from official.core import train_utils  # pylint: disable=g-import-not-at-top
+    train_utils = _official("official.core.train_utils")
     params = self.params
     if params.runtime.mixed_precision_dtype == "float16":
       params = params.replace(runtime={"mixed_precision_dtype": "float32"})
@@ -680,7 +691,7 @@ class ModelGardenTask(task_lib.Task):
   def _not_used(self, runtime: runtime_lib.RuntimeConfig) -> List[str]:
     """A line for each experiment field set (other than Model Garden's
     default) that is not used: placement, and fields nothing here reads."""
-    from official.core import config_definitions  # pylint: disable=g-import-not-at-top
+    config_definitions = _official("official.core.config_definitions")
     lines = []
     default = config_definitions.ExperimentConfig()
     for name in PLACEMENT_FIELDS:
