@@ -331,16 +331,20 @@ def _load(path: str) -> tf_keras.Model:
     model = tf_keras.models.load_model(path, compile=False)
   except (ValueError, TypeError, OSError, KeyError, AttributeError,
           tf.errors.OpError) as e:
-    reason = str(e).strip().splitlines()[0] if str(e).strip() else (
-        type(e).__name__)
     raise errors.ConfigError(
         f"`{NAME}.model_file` ({path}) holds no model tf_keras can load: "
-        f"{reason}") from e
+        f"{_first_line(e)}") from e
   if not isinstance(model, tf_keras.Model):
     raise errors.ConfigError(
         f"`{NAME}.model_file` ({path}) holds a {type(model).__name__}, no "
         "Keras model.")
   return model
+
+
+def _first_line(error: BaseException) -> str:
+  """An error's first line, or its type's name where it has no message."""
+  text = str(error).strip()
+  return text.splitlines()[0] if text else type(error).__name__
 
 
 def _set_weights(model: tf_keras.Model, path: str) -> None:
@@ -365,8 +369,6 @@ def _set_weights(model: tf_keras.Model, path: str) -> None:
       model.load_weights(path)
   except (ValueError, TypeError, OSError, KeyError,
           tf.errors.OpError) as e:
-    reason = str(e).strip().splitlines()[0] if str(e).strip() else (
-        type(e).__name__)
     raise errors.ConfigError(
         f"`{NAME}.initial_weights` ({path}) does not fit the model: "
-        f"{reason}") from e
+        f"{_first_line(e)}") from e
