@@ -50,6 +50,7 @@ def _fingerprint(stdout):
   return re.search(r"weights fingerprint (\w+)", stdout).group(1)
 
 
+@pytest.mark.slow  # Two train.py processes of 300 steps: 13 s.
 def test_two_workers_train_digits_in_sync(tmp_path):
   model_dir = tmp_path / "run"
   outputs = helpers.finish(_start_workers(

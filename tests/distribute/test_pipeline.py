@@ -120,6 +120,7 @@ def test_batch_norm_normalises_each_micro_batch(tmp_path):
   assert relative_difference(piped, whole) > 1e-3
 
 
+@pytest.mark.slow  # Three pipelined train.py runs: 9 s.
 def test_a_resumed_pipelined_run_is_bit_identical(tmp_path):
   # With clipping and EMA (its averages evaluated and saved): 10 steps, a
   # new run resuming to 20, against 20 steps in one run.

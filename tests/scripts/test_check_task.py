@@ -349,6 +349,7 @@ def test_a_mixture_is_checked_with_its_sampling_position(slow_checks):
                        "replicas and resumes exactly")
 
 
+@pytest.mark.slow  # A check_task.py run of three sets: 8 s.
 def test_each_evaluation_set_is_checked_on_replicas(checks):
   code, lines, stderr = checks["sets"].result()
   assert code == 0, stderr[-2000:]
