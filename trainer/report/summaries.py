@@ -42,7 +42,7 @@ class LazyWriter:
 
 class _RootWriter(LazyWriter):
   """The root writer of named runs: `as_default` sets no default writer
-  until `create` (or an earlier `as_default` that did) has made its file.
+  until `create` has made its file.
 
   Summaries a Task writes itself while a named set is evaluated
   (`tf.summary` in `validation_step`) are not recorded: return them as
