@@ -538,10 +538,14 @@ def _page_files(page: str) -> Dict[str, str]:
 
 
 # Parses gin texts in groups, each from its own directory (a page's files);
-# stdin: [[directory, {name: text}], ...]. A group's modules are forgotten
-# after it, so the next group imports its own.
+# stdin: [[directory, {name: text}], ...]. A group whose directory holds
+# Python modules is parsed in a child forked from this process (TensorFlow
+# imported, no op run yet): what its modules register with gin ends with
+# the child, so no later group's texts parse by it, and the next page's
+# `my_task.py` is imported afresh. One import of TensorFlow for every page:
+# a process per such page cost 4 to 5 s of CPU each.
 _GIN_PARSER = r'''
-import json, os, sys
+import json, multiprocessing, os, sys
 import trainer
 import gin
 from trainer import gin_config  # Registers `experiment`.
@@ -549,10 +553,12 @@ sys.path.insert(0, os.path.join(gin_config.REPO_ROOT, "scripts"))
 import config_reference
 config_reference.import_packages()
 gin.add_config_file_search_path(gin_config.REPO_ROOT)
-results = {}
-for directory, texts in json.load(sys.stdin):
+
+
+def parse(directory, texts):
   os.chdir(directory)
   sys.path.insert(0, directory)
+  results = {}
   for name, text in texts.items():
     gin.clear_config(clear_constants=True)
     try:
@@ -561,10 +567,29 @@ for directory, texts in json.load(sys.stdin):
     except Exception as e:  # Reported by the test.
       results[name] = f"{type(e).__name__}: {e}"
   sys.path.remove(directory)
-  for module in [m for m in sys.modules.values()
-                 if (getattr(m, "__file__", None) or "").startswith(
-                     directory + os.sep)]:
-    del sys.modules[module.__name__]
+  return results
+
+
+def parse_and_send(directory, texts, connection):
+  connection.send(parse(directory, texts))
+
+
+fork = multiprocessing.get_context("fork")
+results = {}
+for directory, texts in json.load(sys.stdin):
+  if not any(name.endswith(".py") for name in os.listdir(directory)):
+    results.update(parse(directory, texts))
+    continue
+  receiving, sending = fork.Pipe(duplex=False)
+  child = fork.Process(target=parse_and_send,
+                       args=(directory, texts, sending))
+  child.start()
+  sending.close()
+  try:
+    results.update(receiving.recv())
+  except EOFError:  # The child died: each of its texts says so.
+    results.update(dict.fromkeys(texts, f"the parser of {directory} died"))
+  child.join()
 print("RESULTS " + json.dumps(results))
 '''
 
@@ -572,25 +597,16 @@ print("RESULTS " + json.dumps(results))
 def parse_gin(groups: List[Tuple[str, Dict[str, str]]]
               ) -> Dict[str, Optional[str]]:
   """Name -> None, or the error gin raised parsing its text; `groups` are
-  (directory, {name: text}), each parsed from its directory, in order. A
-  group whose directory holds Python modules ends its process: what they
-  register with gin stays registered, and must not make a later group's
-  texts parse (nor clash with another page's `my_task.py`)."""
-  processes: List[List[Tuple[str, Dict[str, str]]]] = [[]]
-  for directory, texts in groups:
-    processes[-1].append((directory, texts))
-    if any(name.endswith(".py") for name in os.listdir(directory)):
-      processes.append([])
-  results = {}
-  for process in filter(None, processes):
-    result = subprocess.run(
-        [sys.executable, "-c", _GIN_PARSER], input=json.dumps(process),
-        capture_output=True, text=True, timeout=300, check=False)
-    line = [l for l in result.stdout.splitlines()
-            if l.startswith("RESULTS ")]
-    assert line, result.stderr[-3000:]
-    results.update(json.loads(line[0][len("RESULTS "):]))
-  return results
+  (directory, {name: text}), each parsed from its directory. What a group's
+  Python modules register with gin stays with that group (`_GIN_PARSER`):
+  it must not make a later group's texts parse (nor clash with another
+  page's `my_task.py`)."""
+  result = subprocess.run(
+      [sys.executable, "-c", _GIN_PARSER], input=json.dumps(groups),
+      capture_output=True, text=True, timeout=300, check=False)
+  line = [l for l in result.stdout.splitlines() if l.startswith("RESULTS ")]
+  assert line, result.stderr[-3000:]
+  return json.loads(line[0][len("RESULTS "):])
 
 
 # Parsed by gin_results beside the pages' blocks: a binding of a parameter
@@ -603,9 +619,9 @@ _REFUSED = "refused: backbone/learning_rate.initial = 1e-4"
 def gin_results(tmp_path_factory) -> Dict[str, Optional[str]]:
   """Name -> None, or the error gin raised parsing it: every gin block of
   every page (`page:line`), each page's files beside it; every binding in
-  the pages' prose (`page: binding`, see below); and `_REFUSED`. In one
-  process per page with modules (imported there, not into the tests'
-  process), the others and the prose in the first."""
+  the pages' prose (`page: binding`, see below); and `_REFUSED`. In
+  another process (`parse_gin`), where the pages' modules are imported,
+  not in the tests' own."""
   prose = {f"{page}: {binding}": _checked_text(binding)
            for page in pages() for binding in prose_bindings(page)}
   prose[_REFUSED] = _REFUSED.split(": ", 1)[1]
@@ -619,9 +635,6 @@ def gin_results(tmp_path_factory) -> Dict[str, Optional[str]]:
     for name, text in _page_files(page).items():
       (directory / name).write_text(text)
     groups.append((str(directory), gin_blocks))
-  # Pages without modules first: they share a process with the prose.
-  groups.sort(key=lambda group: any(
-      name.endswith(".py") for name in os.listdir(group[0])))
   return parse_gin(groups)
 
 
