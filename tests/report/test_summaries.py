@@ -10,10 +10,23 @@ import helpers
 
 def test_write_scalars_reads_back(tmp_path):
   writer = tf.summary.create_file_writer(str(tmp_path))
-  summaries.write_scalars(writer, {"loss": 0.5, "accuracy": tf.constant(0.25)},
-                          step=7)
-  assert helpers.read_scalars(str(tmp_path)) == {"loss": [(7, 0.5)],
-                                                 "accuracy": [(7, 0.25)]}
+  scalars = summaries.ScalarWriter(writer)
+  scalars.write({"loss": 0.5, "accuracy": tf.constant(0.25)}, step=7)
+  # The same names at another step: the traced function takes the step
+  # and the values as they are now.
+  scalars.write({"loss": 0.375, "accuracy": 1.0}, step=9)
+  scalars.write({"learning_rate": 0.125}, step=9)
+  assert helpers.read_scalars(str(tmp_path)) == {
+      "loss": [(7, 0.5), (9, 0.375)], "accuracy": [(7, 0.25), (9, 1.0)],
+      "learning_rate": [(9, 0.125)]}
+
+
+def test_a_lazy_writer_makes_its_file_at_the_first_scalars(tmp_path):
+  writer = summaries.LazyWriter(str(tmp_path / "train"))
+  scalars = summaries.ScalarWriter(writer)
+  assert not (tmp_path / "train").exists()
+  scalars.write({"loss": 0.5}, step=3)
+  assert helpers.read_scalars(str(tmp_path / "train")) == {"loss": [(3, 0.5)]}
 
 
 def test_each_named_set_is_a_run_of_its_own(tmp_path):
