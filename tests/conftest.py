@@ -28,16 +28,6 @@ _LOCAL_SLURM = os.path.join(REPO_ROOT, "scripts", "local_slurm.sh")
 devices.split_cpu(NUM_CPU_DEVICES, "tests/conftest.py NUM_CPU_DEVICES")
 
 
-def pytest_collection_modifyitems(items):
-  """Puts each `serial` test that is in no xdist group in the group
-  `timed`: `.ci/run`'s serial stage (`--dist loadgroup -n 2`) runs them one
-  after another, beside the `slurm` group's tests one after another."""
-  for item in items:
-    if (item.get_closest_marker("serial") and
-        not item.get_closest_marker("xdist_group")):
-      item.add_marker(pytest.mark.xdist_group("timed"))
-
-
 @pytest.fixture(autouse=True)
 def clean_global_state():
   """Clears gin bindings, the mixed-precision policy and op determinism

@@ -22,10 +22,9 @@ import helpers
 from trainer import errors
 from trainer.distribute import slurm
 
-# One local SLURM cluster at a time, whose jobs take its CPUs: run with the
-# other tests that use it, one after another (the `slurm` group), in
-# `.ci/run`'s serial stage.
-pytestmark = [pytest.mark.serial, pytest.mark.xdist_group("slurm")]
+# One local SLURM cluster at a time; KillWait and requeues are timed: run
+# alone (`.ci/run`'s serial stage).
+pytestmark = pytest.mark.serial
 
 SBATCH_SCRIPT = os.path.join(helpers.REPO_ROOT, "scripts", "slurm",
                              "train.sbatch")

@@ -940,7 +940,6 @@ def _release_until_done(env, jobs, timeout):
 
 @pytest.mark.slow
 @pytest.mark.serial  # The one local SLURM cluster.
-@pytest.mark.xdist_group("slurm")
 def test_a_slurm_array_shares_the_sweep_and_interrupted_tasks_resume(
     slurm_env, tmp_path):
   # Task 0 is requeued (SIGTERM: preemption, `scontrol requeue`); task 1
@@ -1002,7 +1001,6 @@ def _trial_past_a_checkpoint(sweep_dir, output, timeout=240) -> str:
 
 @pytest.mark.slow
 @pytest.mark.serial  # The one local SLURM cluster.
-@pytest.mark.xdist_group("slurm")
 def test_a_trial_runs_multi_worker_under_srun(slurm_env, tmp_path):
   # One array task of 2 SLURM tasks: the sweep is one of them, each trial
   # a step of 2 workers (`--launcher`), as docs/sweeps.md shows.
