@@ -129,7 +129,7 @@ class ScalarWriter:
   `summary_interval`.
   """
 
-  def __init__(self, writer: "Writer"):
+  def __init__(self, writer: Writer):
     self._writer = writer
     self._functions: Dict[Tuple[str, ...], Callable] = {}
 
