@@ -7,7 +7,7 @@
 #   scripts/local_slurm.sh start DIR               # munged, slurmctld, slurmd
 #   export SLURM_CONF=DIR/slurm.conf               # what `start` prints
 #   srun -n2 hostname; sbatch ...; squeue; scontrol ...
-#   scripts/local_slurm.sh stop DIR                # cancels jobs, stops all three
+#   scripts/local_slurm.sh stop DIR                # cancels jobs, waits, stops all three
 #
 # Everything lives under DIR: munge's key and socket, a generated
 # slurm.conf (this host as the only node, all its CPUs, one partition
@@ -39,13 +39,21 @@ free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
+# Whether process $1 runs: an exited one its parent has not reaped yet (a
+# zombie, state Z) does not.
+running() {
+  local state
+  state=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
+  [ "${state:0:1}" != Z ]
+}
+
 stop_pid_file() {
   local file=$1 pid
   [ -f "$file" ] || return 0
   pid=$(cat "$file")
-  if kill "$pid" 2>/dev/null; then
+  if running "$pid" && kill "$pid" 2>/dev/null; then
     for _ in $(seq 50); do
-      kill -0 "$pid" 2>/dev/null || break
+      running "$pid" || break
       sleep 0.2
     done
     kill -9 "$pid" 2>/dev/null || true
@@ -121,14 +129,44 @@ EOF
   exit 1
 }
 
+# The pids of `$1` and of every process below it.
+descendants() {
+  local child
+  echo "$1"
+  for child in $(pgrep -P "$1"); do
+    descendants "$child"
+  done
+}
+
+# Job steps outlive slurmd (each slurmstepd is a process of its own), and a
+# task that ignores SIGTERM outlives a cancel: left behind, it would keep
+# its job's ports, which the next cluster's job of the same id asks for
+# (the port rule, trainer/distribute/slurm.py). So `stop` waits for the
+# cancelled jobs to leave the queue (SLURM's KillWait, 30 s, then SIGKILL),
+# and kills what is still running under this cluster's slurmstepd.
 stop() {
-  if [ -f "$conf" ] && [ -f "$dir/run/slurmctld.pid" ]; then
+  local waited=0 step killed=()
+  if [ -f "$conf" ] && [ -f "$dir/run/slurmctld.pid" ] &&
+     running "$(cat "$dir/run/slurmctld.pid")"; then
     SLURM_CONF=$conf scancel --quiet --full --state=RUNNING "--user=$(id -un)" 2>/dev/null || true
     SLURM_CONF=$conf scancel --quiet "--user=$(id -un)" 2>/dev/null || true
+    while [ -n "$(SLURM_CONF=$conf squeue --noheader 2>/dev/null)" ] && [ "$waited" -lt 90 ]; do  # 45 s
+      sleep 0.5
+      waited=$((waited + 1))
+    done
   fi
   stop_pid_file "$dir/run/slurmd.pid"
   stop_pid_file "$dir/run/slurmctld.pid"
   stop_pid_file "$dir/run/munged.pid"
+  for step in $(pgrep -x slurmstepd); do
+    if running "$step" && tr '\0' '\n' < "/proc/$step/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$conf"; then
+      killed+=($(descendants "$step"))
+    fi
+  done
+  if [ ${#killed[@]} -gt 0 ]; then
+    kill -9 "${killed[@]}" 2>/dev/null || true
+    echo "$0: killed ${#killed[@]} process(es) of jobs still running at stop: ${killed[*]}" >&2
+  fi
 }
 
 status() {

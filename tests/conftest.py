@@ -28,6 +28,16 @@ _LOCAL_SLURM = os.path.join(REPO_ROOT, "scripts", "local_slurm.sh")
 devices.split_cpu(NUM_CPU_DEVICES, "tests/conftest.py NUM_CPU_DEVICES")
 
 
+@pytest.hookimpl(tryfirst=True)  # Before `-m` selects by it.
+def pytest_collection_modifyitems(items):
+  """Marks `slurm` every test that starts the local SLURM cluster (takes
+  `slurm_env`): `.ci/run` runs those one after another, beside the other
+  `serial` tests one after another."""
+  for item in items:
+    if "slurm_env" in getattr(item, "fixturenames", ()):
+      item.add_marker(pytest.mark.slurm)
+
+
 @pytest.fixture(autouse=True)
 def clean_global_state():
   """Clears gin bindings, the mixed-precision policy and op determinism
