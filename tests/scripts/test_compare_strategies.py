@@ -1,7 +1,10 @@
-"""scripts/compare_strategies.py: one task under two runtime variants, each
-in its own process, and the table of their figures."""
+"""scripts/compare_strategies.py: one task under its default runtime variants
+(the Tools page's command), each in its own process, the table of their
+figures, and a variant that fails."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -13,30 +16,57 @@ sys.path.insert(0, helpers.REPO_ROOT + "/scripts")
 import compare_strategies  # noqa: E402  pylint: disable=g-import-not-at-top
 
 
-@pytest.mark.slow  # 28 s: three training processes.
-def test_variants_train_in_their_own_processes():
+def _page_command():
+  """The arguments of docs/tools.md's `python scripts/compare_strategies.py`
+  line."""
+  with open(os.path.join(helpers.REPO_ROOT, "docs", "tools.md"),
+            encoding="utf-8") as f:
+    found = re.findall(r"^python (scripts/compare_strategies\.py\b.*)$",
+                       f.read(), re.M)
+  assert len(found) == 1, found
+  return found[0].split()
+
+
+def _run(*args):
   result = subprocess.run(
-      [sys.executable, "scripts/compare_strategies.py", "gin/digits.gin",
-       "--steps=40",
-       "--variant=one device=runtime.distribution_strategy='one_device'",
-       "--variant=mirrored=gin/runtime/cpu_mirrored.gin",
-       "--variant=broken=runtime.num_gpus=-1"],
-      cwd=helpers.REPO_ROOT, capture_output=True, text=True, timeout=600)
+      [sys.executable, *args], cwd=helpers.REPO_ROOT, capture_output=True,
+      text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-2000:]
   lines = result.stdout.strip().splitlines()
-  figures = json.loads(lines[-1].removeprefix("JSON "))
-  assert list(figures) == ["one device", "mirrored", "broken"]
-  for name in ("one device", "mirrored"):
-    assert figures[name]["steps_per_second"] > 0
+  return lines, json.loads(lines[-1].removeprefix("JSON "))
+
+
+@pytest.mark.slow  # 40 s: five training processes and mnist's fake data.
+def test_the_documented_defaults_train_in_their_own_processes():
+  # The Tools page's command (shortened as tests/test_docs.py shortens it),
+  # whose block is marked as run here.
+  command = _page_command()
+  assert command == ["scripts/compare_strategies.py", "gin/mnist.gin",
+                     "--fake_data=4000", "--steps=200"]
+  lines, figures = _run(*command, "--steps=20")
+  names = ["one device", "mirrored, 2 logical CPUs", "bfloat16", "float16",
+           "XLA"]
+  assert list(figures) == names
+  for name in names:
+    assert figures[name]["steps_per_second"] > 0, name
     assert figures[name]["examples_per_second"] == pytest.approx(
-        64 * figures[name]["steps_per_second"], rel=0.05)
-    assert 0 < figures[name]["final_loss"] < 2.3  # It learned something.
-    assert 100 < figures[name]["peak_memory_mib"] < 8000
-  assert "must not be negative" in figures["broken"]["error"]
-  table = lines[-5:-1]
+        128 * figures[name]["steps_per_second"], rel=0.05), name
+    assert 0 < figures[name]["final_loss"] < 2.5, name  # ln 10 = 2.3 at start.
+    assert 100 < figures[name]["peak_memory_mib"] < 8000, name
+  table = lines[-7:-1]
   assert table[0].split() == ["variant", "steps/s", "examples/s", "final",
                               "loss", "peak", "MiB"]
-  assert table[3].startswith("broken") and "failed: " in table[3]
+  assert [row.startswith(name) for row, name in zip(table[1:], names)] == [
+      True] * 5
+
+
+@pytest.mark.slow  # 10 s: one training process that fails.
+def test_a_variant_that_fails_is_its_row_and_its_error():
+  lines, figures = _run("scripts/compare_strategies.py", "gin/digits.gin",
+                        "--steps=40", "--variant=broken=runtime.num_gpus=-1")
+  assert list(figures) == ["broken"]
+  assert "must not be negative" in figures["broken"]["error"]
+  assert lines[-2].startswith("broken") and "failed: " in lines[-2]
 
 
 def test_parse_variant():
