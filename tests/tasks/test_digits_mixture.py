@@ -84,7 +84,11 @@ def test_the_shipped_example_reaches_the_bar_and_keeps_the_best_by_perturbed(
     assert [step for step, _ in scalars["accuracy"]] == [500, 1000, 1500]
     final[name] = scalars["accuracy"][-1][1]
   assert final["clean"] >= 0.95, final
-  assert final["perturbed"] >= 0.85, final
+  # The run is not seeded: perturbed/accuracy at step 1500 was 0.844,
+  # 0.872, 0.878, 0.900 and 0.917 in five runs, against 0.49 and 0.52 where
+  # the mixture takes only clean images (`trainer.mixture={"clean": 1.0,
+  # "perturbed": 0.0}`, measured). 0.85 failed one run in five.
+  assert final["perturbed"] >= 0.80, final
   # The best checkpoint follows perturbed/accuracy, never the test set.
   best = json.loads((model_dir / "best" / "best.json").read_text())
   assert best["metric"] == "perturbed/accuracy"
