@@ -56,11 +56,20 @@ def _port_free(port):
   return True
 
 
-def _start_holder(directory, tmp_path):
-  """Starts the cluster and a batch job whose task holds a free port;
-  returns (port, environment) once the task listens."""
+@pytest.fixture
+def cluster(tmp_path):
+  """A cluster of its own, started; stopped again at the end whatever the
+  test left (`stop` on a stopped cluster does nothing)."""
+  directory = tmp_path / "cluster"
   started = _local_slurm("start", directory)
   assert started.returncode == 0, started.stderr
+  yield directory
+  _local_slurm("stop", directory)
+
+
+def _start_holder(directory, tmp_path):
+  """Submits a batch job whose task holds a free port; returns the port
+  once the task listens."""
   env = dict(os.environ, SLURM_CONF=str(directory / "slurm.conf"))
   port = helpers.free_ports(1)[0]
   script = tmp_path / "holder.py"
@@ -74,7 +83,7 @@ def _start_holder(directory, tmp_path):
     assert time.time() < deadline, "the job never started"
     time.sleep(0.2)
   assert not _port_free(port)
-  return port, env
+  return port
 
 
 def _holders(script):
@@ -83,10 +92,10 @@ def _holders(script):
   return listed.stdout.split()
 
 
-def test_stop_waits_for_a_cancelled_task_that_ignores_sigterm(tmp_path):
-  directory = tmp_path / "cluster"
-  port, _ = _start_holder(directory, tmp_path)
-  stopped = _local_slurm("stop", directory)
+def test_stop_waits_for_a_cancelled_task_that_ignores_sigterm(cluster,
+                                                              tmp_path):
+  port = _start_holder(cluster, tmp_path)
+  stopped = _local_slurm("stop", cluster)
   assert stopped.returncode == 0, stopped.stderr
   # SLURM killed it after KillWait: nothing was left for `stop` to kill.
   assert "killed" not in stopped.stderr
@@ -94,12 +103,11 @@ def test_stop_waits_for_a_cancelled_task_that_ignores_sigterm(tmp_path):
   assert _port_free(port)
 
 
-def test_stop_kills_the_job_steps_a_dead_controller_left(tmp_path):
-  directory = tmp_path / "cluster"
-  port, _ = _start_holder(directory, tmp_path)
-  with open(directory / "run" / "slurmctld.pid") as f:
+def test_stop_kills_the_job_steps_a_dead_controller_left(cluster, tmp_path):
+  port = _start_holder(cluster, tmp_path)
+  with open(cluster / "run" / "slurmctld.pid") as f:
     os.kill(int(f.read()), signal.SIGKILL)  # No cancel reaches the job.
-  stopped = _local_slurm("stop", directory)
+  stopped = _local_slurm("stop", cluster)
   assert stopped.returncode == 0, stopped.stderr
   assert "of jobs still running at stop" in stopped.stderr
   assert _holders(tmp_path / "holder.py") == []
