@@ -306,6 +306,15 @@ def snapshot(directory: str) -> Dict[str, bytes]:
   return files
 
 
+def page_commands(page: str, script: str) -> List[List[str]]:
+  """The arguments of each `python scripts/SCRIPT ...` line of docs/PAGE
+  (a comment for the reader left out), in the page's order."""
+  with open(os.path.join(REPO_ROOT, "docs", page), encoding="utf-8") as f:
+    lines = re.findall(rf"^python (scripts/{re.escape(script)}\b.*)$",
+                       f.read(), re.M)
+  return [line.split("#")[0].split() for line in lines]
+
+
 def free_ports(count: int) -> List[int]:
   """Returns `count` TCP ports free on 127.0.0.1 right now."""
   sockets = [socket.socket() for _ in range(count)]

@@ -4,8 +4,6 @@ docs/tools.md show (one_device, and mirrored on both pages), shortened as
 tests/test_docs.py shortens it; their blocks are marked as run here."""
 
 import json
-import os
-import re
 import subprocess
 import sys
 
@@ -22,13 +20,9 @@ def _page_commands():
   comment for the reader left out), each command once."""
   found = []
   for page in PAGES:
-    with open(os.path.join(helpers.REPO_ROOT, "docs", page),
-              encoding="utf-8") as f:
-      for line in re.findall(r"^python (scripts/benchmark\.py\b.*)$",
-                             f.read(), re.M):
-        command = line.split("#")[0].split()
-        if command not in found:
-          found.append(command)
+    for command in helpers.page_commands(page, "benchmark.py"):
+      if command not in found:
+        found.append(command)
   return found
 
 

@@ -5,8 +5,6 @@ docs/tools.md's with the tf.data service (their blocks are marked as run
 here), with shorter rounds."""
 
 import json
-import os
-import re
 import statistics
 import subprocess
 import sys
@@ -19,13 +17,10 @@ import helpers
 def _page_command(page, containing=""):
   """The arguments of `page`'s `python scripts/benchmark_input.py` line
   (the one `containing` this)."""
-  with open(os.path.join(helpers.REPO_ROOT, "docs", page),
-            encoding="utf-8") as f:
-    found = [line for line in re.findall(
-        r"^python (scripts/benchmark_input\.py\b.*)$", f.read(), re.M)
-             if containing in line]
+  found = [command for command in helpers.page_commands(
+      page, "benchmark_input.py") if containing in " ".join(command)]
   assert len(found) == 1, found
-  return found[0].split()
+  return found[0]
 
 
 @pytest.mark.slow

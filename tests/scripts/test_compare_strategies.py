@@ -3,8 +3,6 @@
 figures, and a variant that fails."""
 
 import json
-import os
-import re
 import subprocess
 import sys
 
@@ -19,12 +17,9 @@ import compare_strategies  # noqa: E402  pylint: disable=g-import-not-at-top
 def _page_command():
   """The arguments of docs/tools.md's `python scripts/compare_strategies.py`
   line."""
-  with open(os.path.join(helpers.REPO_ROOT, "docs", "tools.md"),
-            encoding="utf-8") as f:
-    found = re.findall(r"^python (scripts/compare_strategies\.py\b.*)$",
-                       f.read(), re.M)
+  found = helpers.page_commands("tools.md", "compare_strategies.py")
   assert len(found) == 1, found
-  return found[0].split()
+  return found[0]
 
 
 def _run(*args):
