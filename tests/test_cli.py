@@ -420,8 +420,8 @@ BAD_INPUTS = [
     # Resumed at step 10, every batch holding a NaN. The first batches may
     # still be clean ones: the restored input position includes the batches
     # the finished run had prefetched, from its clean data (how many varies
-    # with timing: 1 in 3 runs here, 7 or more in a CI run that reached step
-    # 20).
+    # with timing: 1 in each of 3 runs here, 7 or more in a CI run that reached
+    # step 20).
     ("NaN in the data", "bad_data", ["--gin_param=BadData.data='nan'",
                                      "--gin_param=trainer.train_steps=40"],
      {}, 1, "the training loss is not finite at step "),
