@@ -315,6 +315,15 @@ def page_commands(page: str, script: str) -> List[List[str]]:
   return [line.split("#")[0].split() for line in lines]
 
 
+def page_command(page: str, script: str, containing: str = "") -> List[str]:
+  """The arguments of docs/PAGE's one `python scripts/SCRIPT ...` line (the
+  one containing `containing`); fails unless there is exactly one."""
+  found = [command for command in page_commands(page, script)
+           if containing in " ".join(command)]
+  assert len(found) == 1, (page, script, containing, found)
+  return found[0]
+
+
 def free_ports(count: int) -> List[int]:
   """Returns `count` TCP ports free on 127.0.0.1 right now."""
   sockets = [socket.socket() for _ in range(count)]

@@ -14,18 +14,10 @@ import pytest
 import helpers
 
 
-def _page_command(page, containing=""):
-  """The arguments of `page`'s `python scripts/benchmark_input.py` line
-  (the one `containing` this)."""
-  found = [command for command in helpers.page_commands(
-      page, "benchmark_input.py") if containing in " ".join(command)]
-  assert len(found) == 1, found
-  return found[0]
-
-
 @pytest.mark.slow
 def test_reports_pipeline_training_and_cached_rates():
-  command = _page_command("precision-and-performance.md")
+  command = helpers.page_command("precision-and-performance.md",
+                                 "benchmark_input.py")
   assert command == ["scripts/benchmark_input.py", "gin/cifar10.gin",
                      "--fake_data=5000"]
   result = subprocess.run(
@@ -56,7 +48,8 @@ def test_reports_pipeline_training_and_cached_rates():
 
 @pytest.mark.slow
 def test_times_the_tf_data_service_beside_local_input():
-  command = _page_command("tools.md", "--data_service_workers")
+  command = helpers.page_command("tools.md", "benchmark_input.py",
+                                 "--data_service_workers")
   assert command == ["scripts/benchmark_input.py", "gin/cifar10.gin",
                      "--fake_data=1000", "--data_service_workers=2"]
   # In a session of its own, which its servers share: the check below

@@ -14,14 +14,6 @@ sys.path.insert(0, helpers.REPO_ROOT + "/scripts")
 import compare_strategies  # noqa: E402  pylint: disable=g-import-not-at-top
 
 
-def _page_command():
-  """The arguments of docs/tools.md's `python scripts/compare_strategies.py`
-  line."""
-  found = helpers.page_commands("tools.md", "compare_strategies.py")
-  assert len(found) == 1, found
-  return found[0]
-
-
 def _run(*args):
   result = subprocess.run(
       [sys.executable, *args], cwd=helpers.REPO_ROOT, capture_output=True,
@@ -35,7 +27,7 @@ def _run(*args):
 def test_the_documented_defaults_train_in_their_own_processes():
   # The Tools page's command (shortened as tests/test_docs.py shortens it),
   # whose block is marked as run here.
-  command = _page_command()
+  command = helpers.page_command("tools.md", "compare_strategies.py")
   assert command == ["scripts/compare_strategies.py", "gin/mnist.gin",
                      "--fake_data=4000", "--steps=200"]
   lines, figures = _run(*command, "--steps=20")
