@@ -1,8 +1,11 @@
 """The shipped digits job, run as a user runs it: through train.py."""
 
 import os
+import sys
 
+import numpy as np
 import pytest
+from sklearn import datasets
 
 from tasks import digits
 
@@ -22,6 +25,19 @@ def test_split_is_fixed_and_disjoint():
   assert sum(image.tobytes() in train_rows for image in eval_images) < 5
   again, _ = digits.load_split(training=False)
   assert (again == eval_images).all()
+
+
+def test_the_digits_are_scikit_learns_read_without_importing_it(monkeypatch):
+  digits.load_digits.cache_clear()
+  # `from sklearn import datasets` would raise here.
+  monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
+  images, labels = digits.load_digits()
+  monkeypatch.undo()
+  expected = datasets.load_digits()
+  assert images.shape == (1797, 8, 8) and labels.shape == (1797,)
+  np.testing.assert_array_equal(images, expected.images)
+  np.testing.assert_array_equal(labels, expected.target)
+  assert not images.flags.writeable and digits.load_digits()[0] is images
 
 
 def test_digits_reaches_the_accuracy_bar(tmp_path):
