@@ -43,17 +43,19 @@ def load_digits() -> Tuple[np.ndarray, np.ndarray]:
   modules, in every digits run. Where the file is not there, `load_digits`.
   """
   spec = importlib.util.find_spec("sklearn")
-  for root in (spec.submodule_search_locations or []) if spec else []:
+  roots = spec.submodule_search_locations if spec else None
+  for root in roots or []:
     path = os.path.join(root, "datasets", "data", "digits.csv.gz")
     if os.path.exists(path):
       table = np.loadtxt(path, delimiter=",")
+      # Both are new arrays: the reshape of a column slice copies.
       images, labels = table[:, :-1].reshape(-1, 8, 8), table[:, -1]
       break
   else:
     from sklearn import datasets  # pylint: disable=g-import-not-at-top
     digits = datasets.load_digits()
     images, labels = digits.images, digits.target
-  images, labels = images.copy(), labels.astype(int)
+  labels = labels.astype(int)
   images.flags.writeable = labels.flags.writeable = False
   return images, labels
 
