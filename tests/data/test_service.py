@@ -226,7 +226,7 @@ def test_a_worker_waits_for_its_dispatcher_and_gives_up_in_one_line():
 
 
 def _restart_dispatcher_mid_run(tmp_path, *dispatcher_args):
-  """Trains digits to 600 through a dispatcher that is killed and started
+  """Trains digits to 400 through a dispatcher that is killed and started
   again on its port at step 200; returns the finished run."""
   ports = helpers.free_ports(2)
   servers = [_Server(f"--port={ports[0]}", *dispatcher_args),
@@ -236,9 +236,9 @@ def _restart_dispatcher_mid_run(tmp_path, *dispatcher_args):
   run = helpers.TrainProcess(
       ["--gin_file=gin/digits.gin", "--model_dir=run",
        f"--gin_param=runtime.data_service=\"grpc://127.0.0.1:{ports[0]}\"",
-       "--gin_param=trainer.train_steps=600",
+       "--gin_param=trainer.train_steps=400",
        "--gin_param=trainer.checkpoint_interval=100",
-       "--gin_param=trainer.validation_interval=600"], cwd=str(tmp_path))
+       "--gin_param=trainer.validation_interval=400"], cwd=str(tmp_path))
   try:
     run.wait_for(r"^saved checkpoint run/ckpt-200", timeout=TIMEOUT)
     servers[0].process.kill()
@@ -261,7 +261,7 @@ def test_a_dispatcher_with_a_journal_is_restarted_and_training_goes_on(
                                     f"--work_dir={tmp_path / 'journal'}")
   assert run.process.returncode == 0, run.lines[-20:]
   assert helpers.final_accuracy(run.output) >= 0.95
-  assert helpers.checkpoint_step(str(tmp_path / "run")) == 600
+  assert helpers.checkpoint_step(str(tmp_path / "run")) == 400
 
 
 _LOST_JOB = re.compile(
@@ -280,7 +280,7 @@ def test_a_dispatcher_without_a_journal_is_restarted_and_training_goes_on(
   lost = _LOST_JOB.findall(run.output)
   assert len(lost) == 1 and int(lost[0]) >= 200, run.output[-3000:]
   assert helpers.final_accuracy(run.output) >= 0.95
-  assert helpers.checkpoint_step(str(tmp_path / "run")) == 600
+  assert helpers.checkpoint_step(str(tmp_path / "run")) == 400
 
 
 @pytest.mark.slow
@@ -304,9 +304,9 @@ def test_one_rerun_resumes_after_the_trainer_and_the_dispatcher_died(
                      "--host=127.0.0.1")]
   args = ["--gin_file=gin/digits.gin", "--model_dir=run",
           f"--gin_param=runtime.data_service=\"grpc://127.0.0.1:{ports[0]}\"",
-          "--gin_param=trainer.train_steps=600",
+          "--gin_param=trainer.train_steps=400",
           "--gin_param=trainer.checkpoint_interval=100",
-          "--gin_param=trainer.validation_interval=600"]
+          "--gin_param=trainer.validation_interval=400"]
   run = helpers.TrainProcess(args, cwd=str(tmp_path))
   try:
     run.wait_for(r"^saved checkpoint run/ckpt-200", timeout=TIMEOUT)
@@ -331,7 +331,7 @@ def test_one_rerun_resumes_after_the_trainer_and_the_dispatcher_died(
   assert len(lost) <= 1 and all(
       int(step) >= int(restored.group(1)) for step in lost), rerun.stdout
   assert helpers.final_accuracy(rerun.stdout) >= 0.95
-  assert helpers.checkpoint_step(str(tmp_path / "run")) == 600
+  assert helpers.checkpoint_step(str(tmp_path / "run")) == 400
 
 
 def _lone_worker_run(tmp_path, *params):
