@@ -212,6 +212,53 @@ def test_a_warm_python_runs_a_script_with_tensorflow_loaded(tmp_path):
   assert unused._process.returncode is not None  # pylint: disable=protected-access
   assert warm.start(["sweep.py", "--sweep_dir=x", "--report"]) is None
   assert warm.start(["sweep.py", "--launcher=srun -n2"]) is None
+  # A new sweep's dry run gets one.
+  ahead = warm.start(["sweep.py", f"--sweep_dir={tmp_path / 'new'}"])
+  assert ahead.dry_run.alive
+  ahead.close()
+  assert not ahead.dry_run.alive
+
+
+def test_a_sweep_that_has_its_journal_starts_no_dry_run_process(tmp_path):
+  # A rerun or a joining worker: its study had its dry run. The study's own
+  # file name, as Optuna's storage writes it, decides.
+  wanted = study_lib.identity(space_lib.parse_space(["a.b=[1, 2]"]),
+                              "accuracy", "maximize", [DIGITS], [],
+                              "train_and_eval")
+  study_lib.open_study(str(tmp_path), None, wanted,
+                       optuna.samplers.RandomSampler(),
+                       optuna.pruners.NopPruner())
+  assert os.path.isfile(tmp_path / warm.JOURNAL)
+  for argv in (["sweep.py", f"--sweep_dir={tmp_path}", "--metric=accuracy"],
+               ["sweep.py", "--sweep_dir", str(tmp_path), "--n_trials=2"]):
+    ahead = warm.start(argv)
+    assert ahead is not None and ahead.dry_run is None, argv
+    ahead.close()
+  # Where it cannot tell (another storage, a directory without a journal,
+  # no --sweep_dir), the sweep counts as new, and its dry run's process
+  # starts ahead (`test_a_warm_python_runs_a_script_with_tensorflow_loaded`).
+  # pylint: disable=protected-access
+  assert not warm._has_journal(["sweep.py", f"--sweep_dir={tmp_path}",
+                                "--storage=sqlite:///x.db"])
+  assert not warm._has_journal(["sweep.py",
+                                f"--sweep_dir={tmp_path / 'new'}"])
+  assert not warm._has_journal(["sweep.py", "--sweep_dir"])
+  assert not warm._has_journal(["sweep.py", "--metric=accuracy"])
+
+
+def test_trials_left_counts_those_to_run_and_to_resume():
+  study = optuna.create_study()
+  for state in ("COMPLETE", "PRUNED", "FAIL"):
+    study.add_trial(optuna.trial.create_trial(
+        state=getattr(optuna.trial.TrialState, state),
+        value=1.0 if state == "COMPLETE" else None,
+        intermediate_values={1: 1.0} if state == "PRUNED" else None))
+  assert study_lib.trials_left(study, 3) == 0  # A sweep all done.
+  assert study_lib.trials_left(study, 5) == 2
+  # One a dead worker left RUNNING is resumed: it is left too.
+  study.add_trial(optuna.trial.create_trial(
+      state=optuna.trial.TrialState.RUNNING))
+  assert study_lib.trials_left(study, 4) == 1
 
 
 @pytest.mark.parametrize("url", [None, "sqlite:///{}/sweep.db"])

@@ -189,11 +189,12 @@ def prepare(sweep_dir: str, ahead: Optional[warm.Ahead] = None):
                                        space)
     # A held-out set's result (a test set) never chooses a trial.
     eval_sets.check_judged("--metric", FLAGS.metric, config.held_out_sets)
+    left = total
     if exists:
-      study_lib.check_identity(
-          study_lib.load(sweep_dir, FLAGS.storage, repair=False), wanted,
-          sweep_dir)
-    if ahead is not None:
+      study = study_lib.load(sweep_dir, FLAGS.storage, repair=False)
+      study_lib.check_identity(study, wanted, sweep_dir)
+      left = study_lib.trials_left(study, total)
+    if ahead is not None and left:  # A sweep all done starts no trial.
       ahead.first_trial()
     if not exists:
       checks.check_metric(FLAGS.metric, dry_run.metrics())

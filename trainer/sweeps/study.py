@@ -19,8 +19,9 @@ import optuna
 from trainer import errors
 from trainer.sweeps import journal
 from trainer.sweeps import space as space_lib
+from trainer.sweeps import warm
 
-JOURNAL = "study.journal"
+JOURNAL = warm.JOURNAL
 SAMPLERS = ("grid", "random", "tpe")
 PRUNERS = ("none", "median", "hyperband")
 DIRECTIONS = ("maximize", "minimize")
@@ -117,6 +118,14 @@ def identity(space: Sequence[space_lib.Dimension], metric: str,
 _FLAGS = {"space": "--space", "metric": "--metric",
           "direction": "--direction", "gin_files": "--gin_file",
           "gin_params": "--gin_param", "mode": "--mode"}
+
+
+def trials_left(study: optuna.Study, total: int) -> int:
+  """The trials of `total` not finished yet: to run, or to resume (those a
+  dead worker left RUNNING)."""
+  finished = sum(trial.state.is_finished()
+                 for trial in study.get_trials(deepcopy=False))
+  return max(total - finished, 0)
 
 
 def check_identity(study: optuna.Study, wanted: Dict[str, Any],

@@ -26,6 +26,10 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
 _PRELUDE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                         "prelude.py")
 
+# The study's journal file in the sweep directory (`study.JOURNAL`; this
+# module loads before Optuna).
+JOURNAL = "study.journal"
+
 # Flags after which the sweep starts no train.py of its own ahead (under a
 # launcher, the launcher starts them).
 _NONE_AHEAD = ("--report", "--help", "-h", "--helpfull", "--launcher")
@@ -79,10 +83,15 @@ class WarmPython:
 class Ahead:
   """The processes started ahead of the sweep's own: the dry run's, at
   once (`scripts/sweep.py`), and the first trial's, once the bindings are
-  checked (`first_trial`): bad input then starts one process, not two."""
+  checked (`first_trial`): bad input then starts one process, not two.
 
-  def __init__(self):
-    self.dry_run: Optional[WarmPython] = WarmPython()
+  Args:
+    new_sweep: Whether the sweep may be new. Only a new sweep has a dry
+      run; one that already has its study starts no process for it.
+  """
+
+  def __init__(self, new_sweep: bool = True):
+    self.dry_run: Optional[WarmPython] = WarmPython() if new_sweep else None
     self.trials = Spares()
 
   def first_trial(self) -> None:
@@ -92,7 +101,8 @@ class Ahead:
 
   def close(self) -> None:
     """Ends every process not given a command."""
-    self.dry_run.close()
+    if self.dry_run is not None:
+      self.dry_run.close()
     self.trials.close()
 
 
@@ -142,4 +152,18 @@ def start(argv: List[str]) -> Optional[Ahead]:
   another way, in a flag file, is `sweeps.cli.main`'s to catch)."""
   if any(arg.split("=", 1)[0] in _NONE_AHEAD for arg in argv[1:]):
     return None
-  return Ahead()
+  return Ahead(new_sweep=not _has_journal(argv))
+
+
+def _has_journal(argv: List[str]) -> bool:
+  """Whether `argv`'s `--sweep_dir` holds a journal already (the default
+  storage, no `--storage`): a rerun, or a worker joining, whose study has
+  had its dry run. Read from the command line as written (`--name=value`
+  or `--name value`); a sweep it cannot tell about counts as new."""
+  values = {}
+  for arg, following in zip(argv[1:], argv[2:] + [""]):
+    name, equals, value = arg.partition("=")
+    if name in ("--sweep_dir", "--storage"):
+      values[name] = value if equals else following
+  return "--storage" not in values and bool(values.get("--sweep_dir")) and (
+      os.path.isfile(os.path.join(values["--sweep_dir"], JOURNAL)))
