@@ -145,7 +145,7 @@ descendants() {
 # cancelled jobs to leave the queue (SLURM's KillWait, 30 s, then SIGKILL),
 # and kills what is still running under this cluster's slurmstepd.
 stop() {
-  local waited=0 step killed=()
+  local waited=0 step pid killed=()
   if [ -f "$conf" ] && [ -f "$dir/run/slurmctld.pid" ] &&
      running "$(cat "$dir/run/slurmctld.pid")"; then
     SLURM_CONF=$conf scancel --quiet --full --state=RUNNING "--user=$(id -un)" 2>/dev/null || true
@@ -165,6 +165,17 @@ stop() {
   done
   if [ ${#killed[@]} -gt 0 ]; then
     kill -9 "${killed[@]}" 2>/dev/null || true
+    # A killed process exits when it is next scheduled, which on a busy host
+    # is not at once: `stop` returns once they are gone (10 s at most), their
+    # ports free.
+    for _ in $(seq 50); do
+      for pid in "${killed[@]}"; do
+        running "$pid" && break
+        pid=
+      done
+      [ -z "$pid" ] && break
+      sleep 0.2
+    done
     echo "$0: killed ${#killed[@]} process(es) of jobs still running at stop: ${killed[*]}" >&2
   fi
 }

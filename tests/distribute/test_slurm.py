@@ -387,11 +387,12 @@ def test_the_time_limit_warning_checkpoints_and_requeues(slurm_env, requeued,
   assert releases >= 1 and len(chief_stops) == releases, text[-3000:]
   assert other_stops == chief_stops  # Both tasks stopped at the same step.
   assert "DUE TO TIME LIMIT" not in text
-  # Stopped at other steps than the requeued job, it ends with its weights,
-  # bit for bit: where a run stops does not change where it ends. (Against
-  # a run never stopped: tests/distribute/test_multiworker.py.)
+  # Stopped where the requeued job did not (a stop comes at the end of a
+  # loop: both may stop at the first), it ends with its weights, bit for
+  # bit: where a run stops does not change where it ends. (Against a run
+  # never stopped: tests/distribute/test_multiworker.py.)
   requeued_step, requeued_text = requeued[3], requeued[2]
-  assert str(requeued_step) not in chief_stops, (chief_stops, requeued_step)
+  assert set(chief_stops) - {str(requeued_step)}, (chief_stops, requeued_step)
   assert _fingerprints(text) == _fingerprints(requeued_text), (
       f"{_final_state(slurm_env, job)}\n{text[-3000:]}")
 
