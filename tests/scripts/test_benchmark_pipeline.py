@@ -6,9 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import helpers
 
 
+@pytest.mark.slow  # A run of the script: 10 s.
 def test_reports_each_micro_batch_count_beside_the_ideal():
   result = subprocess.run(
       [sys.executable, "scripts/benchmark_pipeline.py", "--rounds=1",

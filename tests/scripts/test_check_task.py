@@ -219,6 +219,9 @@ CASES = {
     "two_models": "TwoModels",
     "sets": "Sets",
 }
+# The tests of `batch_norm`, `dropout`, `batched` and `flat_labels` are slow
+# too: a check_task.py process each (6-9 s), whose kind of failure the
+# default run sees in `averaging` and `scalar_loss`.
 # Checked by slow tests (`slow_checks`): the shipped digits tasks, a second
 # several-model case, each as long as three of the above, a mixture and a
 # metric that fails on replicas (each has a sibling above: the default
@@ -391,6 +394,7 @@ def test_per_replica_averaging_fails_naming_it(checks):
   assert lines[-1] == "check_task | FAIL: Averaging"
 
 
+@pytest.mark.slow  # See CASES.
 def test_plain_batch_norm_fails_naming_the_layer(checks):
   code, lines, _ = checks["batch_norm"].result()
   assert code == 1
@@ -404,6 +408,7 @@ def test_plain_batch_norm_fails_naming_the_layer(checks):
   assert lines[-1] == "check_task | FAIL: PlainBatchNorm"
 
 
+@pytest.mark.slow  # See CASES.
 def test_stateful_dropout_fails_replicas_and_resume(checks):
   code, lines, _ = checks["dropout"].result()
   assert code == 1
@@ -415,6 +420,7 @@ def test_stateful_dropout_fails_replicas_and_resume(checks):
                      failure), failure
 
 
+@pytest.mark.slow  # See CASES.
 def test_batched_inputs_fail_naming_build_inputs(checks):
   code, lines, _ = checks["batched"].result()
   assert code == 1
@@ -432,12 +438,13 @@ def test_batched_inputs_fail_naming_build_inputs(checks):
      "ScalarLoss.build_losses returned a scalar: return per-example losses, "
      "shape [batch] (drop the final mean; the framework averages over the "
      "global batch)."),
-    ("flat_labels", "FlatLabels",
-     "FlatLabels.build_losses: labels of shape [256] and outputs of shape "
-     "[256, 1] broadcast into a [batch, batch] loss (each example's loss "
-     "mixes every label): give the labels the outputs' shape (`labels = "
-     "tf.reshape(labels, tf.shape(model_outputs))`) or drop the outputs' "
-     "last axis of 1."),
+    pytest.param(
+        "flat_labels", "FlatLabels",
+        "FlatLabels.build_losses: labels of shape [256] and outputs of shape "
+        "[256, 1] broadcast into a [batch, batch] loss (each example's loss "
+        "mixes every label): give the labels the outputs' shape (`labels = "
+        "tf.reshape(labels, tf.shape(model_outputs))`) or drop the outputs' "
+        "last axis of 1.", marks=pytest.mark.slow),
 ])
 def test_wrong_losses_fail_naming_build_losses(checks, case, task, message):
   code, lines, _ = checks[case].result()

@@ -160,6 +160,7 @@ def test_script_writes_png(runs_dir, tmp_path):
   assert mpimg.imread(output).shape[:2] == (300, 1200)
 
 
+@pytest.mark.slow  # A process loading TensorFlow for one line: 5 s.
 def test_script_missing_directory(runs_dir, tmp_path):
   missing = str(tmp_path / "no_such_run")
   output = tmp_path / "metrics.png"
