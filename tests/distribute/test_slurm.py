@@ -327,7 +327,7 @@ def test_srun_forms_the_cluster_and_matches_worker_hosts(slurm_env, tmp_path):
 def requeued(slurm_env, tmp_path_factory):
   """A job of the shipped sbatch script that `scontrol requeue` stopped as
   soon as its training started, and that ran again to LONG_STEPS: its
-  job id, output and the step it stopped at."""
+  job id, model_dir, output and the step it stopped at."""
   tmp_path = tmp_path_factory.mktemp("requeued")
   output = tmp_path / "job.out"
   model_dir = tmp_path / "run"
