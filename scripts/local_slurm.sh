@@ -166,15 +166,13 @@ stop() {
   if [ ${#killed[@]} -gt 0 ]; then
     kill -9 "${killed[@]}" 2>/dev/null || true
     # A killed process exits when it is next scheduled, which on a busy host
-    # is not at once: `stop` returns once they are gone (10 s at most), their
-    # ports free.
-    for _ in $(seq 50); do
-      for pid in "${killed[@]}"; do
-        running "$pid" && break
-        pid=
+    # is not at once: `stop` returns once they are gone (10 s at most each,
+    # as stop_pid_file waits), their ports free.
+    for pid in "${killed[@]}"; do
+      for _ in $(seq 50); do
+        running "$pid" || break
+        sleep 0.2
       done
-      [ -z "$pid" ] && break
-      sleep 0.2
     done
     echo "$0: killed ${#killed[@]} process(es) of jobs still running at stop: ${killed[*]}" >&2
   fi
