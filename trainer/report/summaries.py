@@ -183,10 +183,13 @@ def write_operative_config(directory: str,
 
   Returns:
     The path of the written `operative_config.gin`.
+
+  Raises:
+    FileNotFoundError: If `directory` does not exist (it is not created).
   """
   config = gin.operative_config_str()
   path = os.path.join(directory, OPERATIVE_CONFIG_FILE)
-  files.write_text(path, config)
+  files.write_text(path, config, make_directory=False)
   if writer is not None:
     with writer.as_default(step=step):
       # Indented lines render as a code block in TensorBoard's markdown.

@@ -23,19 +23,26 @@ def _umask() -> int:
   return mask
 
 
-def write_text(path: str, text: str) -> None:
+def write_text(path: str, text: str, make_directory: bool = True) -> None:
   """Writes `text` to `path` through a temporary file and a rename.
 
   The file gets the mode an `open(path, "w")` would (0644 under umask 022),
   like the checkpoints beside it, not the temporary file's 0600.
+
+  Args:
+    path: The file written.
+    text: Its content.
+    make_directory: Whether to create the folder of `path` where missing;
+      without it, a missing folder raises FileNotFoundError.
   """
-  write_bytes(path, text.encode("utf-8"))
+  write_bytes(path, text.encode("utf-8"), make_directory)
 
 
-def write_bytes(path: str, data: bytes) -> None:
+def write_bytes(path: str, data: bytes, make_directory: bool = True) -> None:
   """Writes `data` to `path` as `write_text` writes text."""
   directory = os.path.dirname(path) or "."
-  os.makedirs(directory, exist_ok=True)
+  if make_directory:
+    os.makedirs(directory, exist_ok=True)
   # Named after `path`, so a cleanup can tell whose write it was.
   with tempfile.NamedTemporaryFile("wb", dir=directory, delete=False,
                                    prefix=(f"{TEMPORARY_PREFIX}"
