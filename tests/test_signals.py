@@ -16,6 +16,8 @@ import time
 import pytest
 
 import helpers
+import tensorflow as tf
+from trainer import errors
 from trainer import preemption
 from trainer.distribute import slurm
 
@@ -474,6 +476,43 @@ def test_the_requeues_sigterm_after_the_save_keeps_the_tasks_own_line(
   with pytest.raises(_Exited) as exited:
     receiver.handle(signal.SIGTERM)
   assert exited.value.args == (str(stop), 42, True)  # Asked for: Ctrl-C.
+
+
+class _OtherWorkerGotSigusr1:
+  """The all-reduce of `PreemptionWatcher.agreed` where another worker (the
+  chief) got SIGUSR1 and this one got nothing."""
+
+  def experimental_distribute_values_from_function(self, value_fn):
+    return value_fn(None)
+
+  def reduce(self, unused_op, flags, axis):
+    assert axis is None
+    return flags + tf.constant([1.0, 1.0])
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_signal_to_a_worker_stopped_for_anothers_keeps_the_saved_line(
+    monkeypatch, signum):
+  # The chief got SIGUSR1; both workers saved step 100 and are on their way
+  # out when the chief's requeue sends SIGTERM to every task. Worker 1 got
+  # no signal of its own before it: its line is still its save's.
+  monkeypatch.setenv("SLURM_JOB_ID", "7")
+  receiver, watcher = _receiver(progress=(100, 100))
+  watcher.is_chief, watcher.num_workers = False, 2
+  receiver.configure(42, 25.0, training=True)
+  with pytest.raises(errors.Preempted):
+    with watcher.armed():
+      assert watcher.agreed(_OtherWorkerGotSigusr1())
+      raise watcher.stopped(100, agreed=True)
+  assert not watcher.trained and not watcher.received
+  with pytest.raises(_Exited) as exited:
+    receiver.handle(signum)
+  line, code, asked = exited.value.args
+  assert (code, asked) == (42, False)
+  assert line() == (
+      "preempted at step 100 by SIGUSR1 (the time limit is near): checkpoint "
+      "saved; the chief requeues SLURM job 7, to resume from step 100 (exit "
+      "code 42)")
 
 
 @pytest.mark.parametrize("signals, asked", [

@@ -366,20 +366,21 @@ class Receiver:
 
   def handle(self, signum: int) -> None:
     """Acts on one signal."""
+    if (self._first is not None and signum == self._first and
+        self._clock() - self._first_at < DUPLICATE_SECONDS):
+      return
+    stopping = self.watcher.stopping if self.watcher else None
+    if stopping is not None:
+      # Saved already, for this process's signal or another worker's: the
+      # SIGTERM a chief's requeue sends every task (or an impatient second
+      # Ctrl-C) ends the process with the line of that save.
+      self._exit_fn(exit_line(stopping, self._requeue_fn),
+                    stopping.exit_code, asked=stopping.asked)
+      return
     if (signum == REQUEUE_SIGNAL and self._first is None and
         self._wait_to_requeue()):
       return
     if self._first is not None:
-      if (signum == self._first and
-          self._clock() - self._first_at < DUPLICATE_SECONDS):
-        return
-      stopping = self.watcher.stopping if self.watcher else None
-      if stopping is not None:
-        # Saved already: the SIGTERM a chief's requeue sends every task (or
-        # an impatient second Ctrl-C) ends the process with the same line.
-        self._exit_fn(exit_line(stopping, self._requeue_fn),
-                      stopping.exit_code, asked=stopping.asked)
-        return
       if not self._configured:
         self._exit_now(self._first)
       else:
