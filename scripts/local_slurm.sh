@@ -47,15 +47,21 @@ running() {
   [ "${state:0:1}" != Z ]
 }
 
+# Waits up to 10 s for process $1 to be gone: a signalled process exits
+# when it is next scheduled, which on a busy host is not at once.
+wait_gone() {
+  for _ in $(seq 50); do
+    running "$1" || return 0
+    sleep 0.2
+  done
+}
+
 stop_pid_file() {
   local file=$1 pid
   [ -f "$file" ] || return 0
   pid=$(cat "$file")
   if running "$pid" && kill "$pid" 2>/dev/null; then
-    for _ in $(seq 50); do
-      running "$pid" || break
-      sleep 0.2
-    done
+    wait_gone "$pid"
     kill -9 "$pid" 2>/dev/null || true
   fi
   rm -f "$file"
@@ -165,14 +171,9 @@ stop() {
   done
   if [ ${#killed[@]} -gt 0 ]; then
     kill -9 "${killed[@]}" 2>/dev/null || true
-    # A killed process exits when it is next scheduled, which on a busy host
-    # is not at once: `stop` returns once they are gone (10 s at most each,
-    # as stop_pid_file waits), their ports free.
+    # `stop` returns once they are gone, their ports free.
     for pid in "${killed[@]}"; do
-      for _ in $(seq 50); do
-        running "$pid" || break
-        sleep 0.2
-      done
+      wait_gone "$pid"
     done
     echo "$0: killed ${#killed[@]} process(es) of jobs still running at stop: ${killed[*]}" >&2
   fi
