@@ -302,13 +302,19 @@ def test_train_steps_below_the_checkpoint_say_so(tmp_path, capsys):
 
 
 def test_a_model_dir_deleted_during_the_run_stops_the_next_save(tmp_path):
+  """Deleted once, during the first loop, before any summary, evaluation
+  or save: the writers first used after it (train and eval summaries,
+  `metrics.csv`, the operative config) make nothing again."""
   model_dir = tmp_path / "run"
+  deleted = []
 
   class DeletesModelDir(helpers.LinearRegression):
 
     def build_inputs(self, training, input_context=None):
       def delete_at(index, x, y):
-        if training and index == 32 * 5:  # While batch 5 is read.
+        # While batch 5 is read (the input repeats: once).
+        if training and index == 32 * 5 and not deleted:
+          deleted.append(index)
           shutil.rmtree(model_dir, ignore_errors=True)
         return x, y
 
@@ -319,12 +325,13 @@ def test_a_model_dir_deleted_during_the_run_stops_the_next_save(tmp_path):
                                 tf.ensure_shape(y, [1])))
 
   with pytest.raises(trainer.RunError) as raised:
-    experiment.run(DeletesModelDir(), "train", str(model_dir), _runtime(),
-                   _config(train_steps=40, checkpoint_interval=40))
+    experiment.run(DeletesModelDir(), "train_and_eval", str(model_dir),
+                   _runtime(), _config(train_steps=40, checkpoint_interval=40,
+                                       validation_interval=20))
   assert str(raised.value) == (
       f"model_dir {model_dir} was deleted or replaced during the run; the "
       "checkpoint of step 40 is not saved.")
-  assert not model_dir.exists()
+  assert deleted and not model_dir.exists()
 
 
 def _sgd(rate, **settings):

@@ -421,14 +421,18 @@ def controller(built: Parts, write_dir: str, *,
       # runs at most this many steps, and loops end at its multiples.
       steps_per_loop=config.steps_per_loop if training else None,
       checkpoint_manager=manager,
+      # Orbit gives an evaluator the train summaries' manager unless this
+      # differs from `summary_dir`; the manager below writes there.
       eval_summary_dir=(os.path.join(write_dir, "eval")
                         if built.evaluating else None),
-      # Named sets: one TensorBoard run each, `eval/<set>`.
+      # Lazy writers, which do not make a deleted `model_dir` again; named
+      # sets: one TensorBoard run each, `eval/<set>`.
       eval_summary_manager=(
           summaries.RunsSummaryManager(os.path.join(write_dir, "eval"),
                                        built.eval_set_names,
-                                       train_state.global_step)
-          if built.eval_set_names else None),
+                                       train_state.global_step,
+                                       model_dir=write_dir)
+          if built.evaluating else None),
       options=controller_lib.ControllerOptions(
           checkpoint_interval=config.checkpoint_interval if saves else None,
           restore_dir=restore_dir, partial_restore=not training,
@@ -477,7 +481,8 @@ def _training_collaborators(
   the order they report: progress line, profile, early stopping, the Keras
   callbacks, `metrics.csv`'s rollback)."""
   config, train_state = built.config, built.state
-  writer = summaries.LazyWriter(os.path.join(write_dir, "train"))
+  writer = summaries.LazyWriter(os.path.join(write_dir, "train"),
+                                model_dir=write_dir)
   hooks = [reporter.TrainReporter(
       writer, train_steps=config.train_steps,
       global_batch_size=config.global_batch_size,
@@ -532,12 +537,12 @@ def _eval_actions(built: Parts, restored_path: Callable[[], Optional[str]],
         actions.EvalImagesWriter(
             os.path.join(write_dir, "eval", name),
             lambda name=name: built.evaluator.evaluators[name].images,
-            step_fn=built.state.step)
+            step_fn=built.state.step, model_dir=write_dir)
         for name in built.eval_set_names)
   else:
     chosen.append(actions.EvalImagesWriter(
         os.path.join(write_dir, "eval"), lambda: built.evaluator.images,
-        step_fn=built.state.step))
+        step_fn=built.state.step, model_dir=write_dir))
   if built.training:
     chosen.append(actions.EvaluatedStepRecorder(write_dir,
                                                 step_fn=built.state.step))

@@ -20,6 +20,7 @@ class _Step:
 
 
 def _early(model_dir, step, patience=2, min_delta=0.0):
+  model_dir.mkdir(exist_ok=True)  # As a run makes it before its actions.
   return actions.EarlyStopping(
       str(model_dir), actions.EarlyStoppingConfig(
           metric="loss", higher_is_better=False, patience=patience,

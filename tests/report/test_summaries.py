@@ -1,6 +1,7 @@
 """Summary helpers: scalars, images and the operative config, read back."""
 
 import gin
+import numpy as np
 import tensorflow as tf
 
 from trainer.report import summaries
@@ -74,3 +75,51 @@ def test_named_sets_leave_no_empty_event_file_in_the_root(tmp_path):
   assert sorted(p.name for p in tmp_path.iterdir()) == ["clean"]
   assert helpers.read_scalars(str(tmp_path / "clean")) == {
       "accuracy": [(3, 0.75)]}
+
+
+def test_a_writer_first_used_after_model_dir_is_deleted_makes_nothing(
+    tmp_path):
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  writer = summaries.LazyWriter(str(model_dir / "train"), str(model_dir))
+  model_dir.rmdir()  # Deleted under the run, before the first summary.
+  summaries.ScalarWriter(writer).write({"loss": 0.5}, step=3)
+  assert not model_dir.exists()
+  # Given no model_dir, the writer makes its folders as before.
+  other = summaries.LazyWriter(str(model_dir / "train"))
+  summaries.ScalarWriter(other).write({"loss": 0.5}, step=3)
+  assert helpers.read_scalars(str(model_dir / "train")) == {
+      "loss": [(3, 0.5)]}
+
+
+def test_eval_summaries_without_named_sets_are_lazy_and_keep_a_tasks_own(
+    tmp_path):
+  """No named sets: every result, and a summary the Task writes itself in
+  `validation_step`, go to the root run, made at the first of them."""
+  step = tf.Variable(5, dtype=tf.int64)
+  manager = summaries.RunsSummaryManager(str(tmp_path / "eval"), (), step,
+                                         model_dir=str(tmp_path))
+  assert not (tmp_path / "eval").exists()
+  with manager.summary_writer().as_default():  # As an evaluation runs.
+    tf.summary.scalar("own", 2.0, step=5)
+  manager.write_summaries({"loss": 0.25})
+  manager.flush()
+  assert helpers.read_scalars(str(tmp_path / "eval")) == {
+      "own": [(5, 2.0)], "loss": [(5, 0.25)]}
+
+
+def test_eval_summaries_after_model_dir_is_deleted_make_nothing(tmp_path):
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  step = tf.Variable(5, dtype=tf.int64)
+  for runs in ((), ("clean",)):
+    manager = summaries.RunsSummaryManager(
+        str(model_dir / "eval"), runs, step, model_dir=str(model_dir))
+    if model_dir.exists():
+      model_dir.rmdir()
+    manager.write_summaries({"clean/accuracy": 0.5, "steps_per_second": 9.0})
+    manager.flush()
+    summaries.write_images(str(model_dir / "eval"),
+                           {"digit": np.full((2, 2, 1), 0.5, np.float32)},
+                           step=5, model_dir=str(model_dir))
+    assert not model_dir.exists(), runs

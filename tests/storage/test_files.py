@@ -68,3 +68,19 @@ def test_failed_write_directory_leaves_the_old_one(tmp_path):
   with open(os.path.join(target, "data")) as f:
     assert f.read() == "good"
   assert os.listdir(tmp_path) == ["100"]
+
+
+def test_a_write_under_a_deleted_root_makes_nothing(tmp_path):
+  root = tmp_path / "run"
+  root.mkdir()
+  path = str(root / "eval" / "record.json")
+  assert files.write_json(path, {"step": 1}, root=str(root)) is True
+  assert files.read_json(path) == {"step": 1}
+  root.joinpath("eval", "record.json").unlink()
+  root.joinpath("eval").rmdir()
+  root.rmdir()  # The user's `rm -r` under the run.
+  assert files.write_json(path, {"step": 2}, root=str(root)) is False
+  assert files.write_text(path, "x", root=str(root)) is False
+  assert not root.exists()
+  # Without `root`, the folders are made, as before.
+  assert files.write_text(path, "x") is True and root.exists()

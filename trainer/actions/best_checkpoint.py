@@ -66,6 +66,7 @@ class BestCheckpoint:
       export_fn: Writes a SavedModel of the evaluated weights to a
         directory; None for no export.
     """
+    self._model_dir = model_dir
     self.directory = os.path.join(model_dir, BEST_DIRECTORY)
     self._config = config
     self._step_fn = step_fn
@@ -87,6 +88,8 @@ class BestCheckpoint:
     value = metric.value("best_checkpoint", self._config.metric, output)
     if not self._best.test({self._config.metric: value}):
       return
+    if files.directory_gone(self._model_dir):
+      return  # Deleted under the run: the next save says so.
     step = self._step_fn()
     name = f"ckpt-{step}"
     os.makedirs(self.directory, exist_ok=True)

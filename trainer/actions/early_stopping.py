@@ -63,6 +63,7 @@ class EarlyStopping(loop_hooks.LoopHook):
 
   def __init__(self, model_dir: str, config: EarlyStoppingConfig,
                step_fn: Callable[[], int]):
+    self._model_dir = model_dir
     self._path = os.path.join(model_dir, EARLY_STOPPING_RECORD)
     self._config = config
     self._step_fn = step_fn
@@ -117,8 +118,8 @@ class EarlyStopping(loop_hooks.LoopHook):
               "values": {str(s): v for s, v in sorted(self.values.items())},
               "last_step": step}
     record.update(self.state or {})
-    files.write_json(self._path, record)
-    self._mtime = os.stat(self._path).st_mtime_ns
+    if files.write_json(self._path, record, root=self._model_dir):
+      self._mtime = os.stat(self._path).st_mtime_ns
     reason = self.stop_reason()
     if reason:
       console.info(f"early stopping | {reason}")

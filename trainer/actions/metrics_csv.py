@@ -64,6 +64,7 @@ class MetricsCsv(loop_hooks.LoopHook):
       set_names: The named evaluation sets (() for the unnamed set).
       clock: Unix seconds, for `wall_time`; injectable for tests.
     """
+    self._model_dir = model_dir
     self.path = os.path.join(model_dir, METRICS_CSV)
     self._step_fn = step_fn
     self._set_names = frozenset(set_names)
@@ -137,7 +138,7 @@ class MetricsCsv(loop_hooks.LoopHook):
     else:
       self._rows.append(row)
     self._columns.extend(new_columns)
-    if not os.path.isdir(os.path.dirname(self.path)):
+    if files.directory_gone(self._model_dir):
       # `model_dir` deleted under the run: the next save says so, and
       # nothing here makes it again.
       return
@@ -157,7 +158,7 @@ class MetricsCsv(loop_hooks.LoopHook):
     writer = csv.writer(text)
     writer.writerow(self._columns)
     writer.writerows(self._cells(row) for row in self._rows)
-    files.write_text(self.path, text.getvalue())
+    files.write_text(self.path, text.getvalue(), root=self._model_dir)
 
 
 def scalars(values: Mapping[str, Any]) -> Dict[str, float]:

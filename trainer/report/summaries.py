@@ -23,10 +23,25 @@ class LazyWriter:
   `tf.summary.create_file_writer` creates an event file at once; a run
   that stops before its first summary (a bad checkpoint, a bad setting)
   must leave `model_dir` as it found it.
+
+  It also makes `log_dir` and every missing folder above it: a writer
+  first used after the user deleted `model_dir` under the run would make
+  it again, and the run would go on writing into it. Given `model_dir`,
+  such a writer writes nothing instead; the next checkpoint save stops the
+  run, saying `model_dir` was deleted. (A writer already made does not
+  make anything again: its summaries go nowhere.)
   """
 
-  def __init__(self, log_dir: str):
+  def __init__(self, log_dir: str, model_dir: Optional[str] = None):
+    """Names the writer's folder.
+
+    Args:
+      log_dir: Where the event file goes.
+      model_dir: The run's folder, which holds `log_dir` and must not be
+        made again; None: `log_dir` is made wherever missing.
+    """
     self.log_dir = log_dir
+    self._model_dir = model_dir
     self._writer = None
 
   def as_default(self, step: Optional[int] = None):
@@ -36,9 +51,18 @@ class LazyWriter:
     if self._writer is not None:
       self._writer.flush()
 
+  def create(self) -> None:
+    """Makes the writer and its event file, for results written to it."""
+    self._get()
+
   def _get(self) -> tf.summary.SummaryWriter:
     if self._writer is None:
-      self._writer = tf.summary.create_file_writer(self.log_dir)
+      if files.directory_gone(self._model_dir):
+        self._writer = tf.summary.create_noop_writer()
+      else:
+        # A deletion between this check and the writer's own `makedirs`
+        # still makes `log_dir` again: the window is one call long.
+        self._writer = tf.summary.create_file_writer(self.log_dir)
     return self._writer
 
 
@@ -56,35 +80,45 @@ class _RootWriter(LazyWriter):
       return contextlib.nullcontext()
     return self._writer.as_default(step=step)
 
-  def create(self) -> None:
-    """Makes the writer and its event file, for results written to it."""
-    self._get()
-
 
 class RunsSummaryManager(orbit.utils.SummaryManager):
-  """Orbit's summary manager (scalars at the global step) that writes a
-  result named `<run>/<tag>`, for each of `runs`, as `tag` in its own
-  TensorBoard run, `summary_dir/<run>`: the same tag of every run in one
-  chart, one curve a run (named evaluation sets: `eval/clean`,
-  `eval/noisy`). Other results go to `summary_dir` itself."""
+  """Orbit's summary manager (scalars at the global step) whose writers
+  are `LazyWriter`s, and which writes a result named `<run>/<tag>`, for
+  each of `runs`, as `tag` in its own TensorBoard run, `summary_dir/<run>`:
+  the same tag of every run in one chart, one curve a run (named
+  evaluation sets: `eval/clean`, `eval/noisy`). Other results go to
+  `summary_dir` itself."""
 
   def __init__(self, summary_dir: str, runs: Sequence[str],
-               global_step: tf.Variable):
+               global_step: tf.Variable, model_dir: Optional[str] = None):
+    """Builds the manager.
+
+    Args:
+      summary_dir: The root run's folder.
+      runs: The names whose results get a run of their own; () for none.
+      global_step: The step summaries are written at.
+      model_dir: The run's folder, not made again once deleted
+        (`LazyWriter`).
+    """
     super().__init__(summary_dir, tf.summary.scalar, global_step=global_step)
     self._runs = tuple(runs)
+    self._model_dir = model_dir
 
   def summary_writer(self, relative_path: str = "") -> LazyWriter:
     """Returns the writer of `summary_dir/relative_path`, whose event file
     is made at its first summary.
 
-    The root's is the default writer while the sets are evaluated, and
-    makes no file for that alone (`_RootWriter`): every result is a set's,
-    so `eval/` holds the sets' runs and no empty event file beside them.
+    With `runs`, the root's is the default writer while the sets are
+    evaluated, and makes no file for that alone (`_RootWriter`): every
+    result is a set's, so `eval/` holds the sets' runs and no empty event
+    file beside them. Without, summaries a Task writes itself in
+    `validation_step` go to the root's.
     """
     if relative_path not in self._summary_writers:
-      kind = _RootWriter if relative_path == "" else LazyWriter
+      kind = (_RootWriter if relative_path == "" and self._runs
+              else LazyWriter)
       self._summary_writers[relative_path] = kind(
-          os.path.join(self._summary_dir, relative_path))
+          os.path.join(self._summary_dir, relative_path), self._model_dir)
     return self._summary_writers[relative_path]
 
   def write_summaries(self, summary_dict: Mapping[str, object]) -> None:
@@ -158,10 +192,11 @@ def _write_scalars(names: Tuple[str, ...], values: tf.Tensor,
 
 
 def write_images(log_dir: str, images: Mapping[str, np.ndarray],
-                 step: int) -> None:
+                 step: int, model_dir: Optional[str] = None) -> None:
   """Writes each image (`[height, width, channels]`, values in [0, 1]) as
-  an image summary in `log_dir` and as `log_dir/images/<name>-<step>.png`."""
-  if not images:
+  an image summary in `log_dir` and as `log_dir/images/<name>-<step>.png`;
+  nothing where `model_dir` (the run's, holding `log_dir`) was deleted."""
+  if not images or files.directory_gone(model_dir):
     return
   writer = tf.summary.create_file_writer(log_dir)
   with writer.as_default(step=step):
@@ -173,7 +208,7 @@ def write_images(log_dir: str, images: Mapping[str, np.ndarray],
         tf.convert_to_tensor(image, tf.float32), 0.0, 1.0) * 255), tf.uint8))
     files.write_bytes(os.path.join(
         log_dir, "images", f"{name.replace('/', '_')}-{step}.png"),
-                      png.numpy())
+                      png.numpy(), root=model_dir)
 
 
 def write_operative_config(directory: str,

@@ -31,6 +31,7 @@ class EvaluatedRecord:
   """
 
   def __init__(self, model_dir: str):
+    self._model_dir = model_dir
     self._path = os.path.join(model_dir, RECORD)
     record = _read(self._path)
     self.steps: Set[int] = set(record.get("steps", []))
@@ -39,14 +40,16 @@ class EvaluatedRecord:
         for step, results in record.get("results", {}).items()}
 
   def add(self, step: int, results: Dict[str, Any]) -> None:
-    """Records `step` as evaluated, with `results` (name -> number)."""
+    """Records `step` as evaluated, with `results` (name -> number); in
+    memory only once `model_dir` is deleted under the run (`files`)."""
     self.steps.add(step)
     self.results[step] = {name: float(value)
                           for name, value in results.items()}
     files.write_json(self._path, {
         "steps": sorted(self.steps),
         "results": {str(step): results
-                    for step, results in sorted(self.results.items())}})
+                    for step, results in sorted(self.results.items())}},
+                     root=self._model_dir)
 
 
 def steps(model_dir: str) -> Set[int]:

@@ -23,7 +23,8 @@ def _umask() -> int:
   return mask
 
 
-def write_text(path: str, text: str, make_directory: bool = True) -> None:
+def write_text(path: str, text: str, make_directory: bool = True,
+               root: Optional[str] = None) -> bool:
   """Writes `text` to `path` through a temporary file and a rename.
 
   The file gets the mode an `open(path, "w")` would (0644 under umask 022),
@@ -34,14 +35,26 @@ def write_text(path: str, text: str, make_directory: bool = True) -> None:
     text: Its content.
     make_directory: Whether to create the folder of `path` where missing;
       without it, a missing folder raises FileNotFoundError.
+    root: The run's `model_dir`, above `path`. Where it is gone (the user
+      deleted it under the run), nothing is written and nothing made
+      again: the run's next checkpoint save stops it, saying so.
+
+  Returns:
+    Whether `path` was written (False only where `root` is gone).
   """
-  write_bytes(path, text.encode("utf-8"), make_directory)
+  return write_bytes(path, text.encode("utf-8"), make_directory, root)
 
 
-def write_bytes(path: str, data: bytes, make_directory: bool = True) -> None:
-  """Writes `data` to `path` as `write_text` writes text."""
+def write_bytes(path: str, data: bytes, make_directory: bool = True,
+                root: Optional[str] = None) -> bool:
+  """Writes `data` to `path` as `write_text` writes text; returns whether
+  it was written."""
+  if directory_gone(root):
+    return False
   directory = os.path.dirname(path) or "."
   if make_directory:
+    # A deletion of `root` from here to the rename is not seen: the window
+    # is one write long, against a run's lifetime.
     os.makedirs(directory, exist_ok=True)
   # Named after `path`, so a cleanup can tell whose write it was.
   with tempfile.NamedTemporaryFile("wb", dir=directory, delete=False,
@@ -57,11 +70,20 @@ def write_bytes(path: str, data: bytes, make_directory: bool = True) -> None:
       os.remove(f.name)  # A full disk leaves no partial file behind.
       raise
   os.replace(f.name, path)
+  return True
 
 
-def write_json(path: str, value: Any) -> None:
-  """Writes `value` as indented JSON, atomically."""
-  write_text(path, json.dumps(value, indent=2, sort_keys=True) + "\n")
+def write_json(path: str, value: Any, root: Optional[str] = None) -> bool:
+  """Writes `value` as indented JSON, atomically (`root`: as
+  `write_text`'s); returns whether it was written."""
+  return write_text(path, json.dumps(value, indent=2, sort_keys=True) + "\n",
+                    root=root)
+
+
+def directory_gone(model_dir: Optional[str]) -> bool:
+  """Whether `model_dir` (None: none to watch) is no longer there: deleted
+  under the run, which nothing may make again."""
+  return model_dir is not None and not os.path.isdir(model_dir)
 
 
 def read_json(path: str) -> Optional[Any]:
