@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import trainer
 from trainer import experiment
+from trainer.loop.control import controller as controller_lib
 from trainer.model import optimization
 
 import helpers
@@ -332,6 +333,28 @@ def test_a_model_dir_deleted_during_the_run_stops_the_next_save(tmp_path):
       f"model_dir {model_dir} was deleted or replaced during the run; the "
       "checkpoint of step 40 is not saved.")
   assert deleted and not model_dir.exists()
+
+
+def test_a_model_dir_deleted_while_the_checkpoint_is_restored_stops_the_first_save(
+    tmp_path, monkeypatch):
+  """Deleted after the run took it (made, leased) and before the
+  controller was built: the first save sees it as one deleted later."""
+  model_dir = tmp_path / "run"
+  restore = controller_lib.Controller.restore_checkpoint
+
+  def deleting_restore(self, *args, **kwargs):
+    shutil.rmtree(model_dir)
+    return restore(self, *args, **kwargs)
+
+  monkeypatch.setattr(controller_lib.Controller, "restore_checkpoint",
+                      deleting_restore)
+  with pytest.raises(trainer.RunError) as raised:
+    experiment.run(helpers.LinearRegression(), "train_and_eval",
+                   str(model_dir), _runtime(), _config(validation_interval=10))
+  assert str(raised.value) == (
+      f"model_dir {model_dir} was deleted or replaced during the run; the "
+      "checkpoint of step 10 is not saved.")
+  assert not model_dir.exists()
 
 
 def _sgd(rate, **settings):

@@ -368,7 +368,9 @@ def controller(built: Parts, write_dir: str, *,
                stopper: Optional[actions.EarlyStopping] = None,
                callbacks: Optional[keras_callbacks_lib.KerasCallbacks] = None,
                saves: bool = True,
-               input_stale_until: int = -1) -> controller_lib.Controller:
+               input_stale_until: int = -1,
+               directory_identity: Optional[Tuple[int, int]] = None
+               ) -> controller_lib.Controller:
   """Builds the controller (which restores the newest checkpoint) and the
   actions between loops.
 
@@ -384,6 +386,8 @@ def controller(built: Parts, write_dir: str, *,
       loop without them.
     input_stale_until: Restore no input position from checkpoints of
       steps up to this one (saved with another batch size).
+    directory_identity: `write_dir`'s `files.directory_identity` when the
+      run took it (`ControllerOptions.directory_identity`).
   """
   config, training, train_state = built.config, built.training, built.state
   manager = None
@@ -436,7 +440,8 @@ def controller(built: Parts, write_dir: str, *,
       options=controller_lib.ControllerOptions(
           checkpoint_interval=config.checkpoint_interval if saves else None,
           restore_dir=restore_dir, partial_restore=not training,
-          input_stale_until=input_stale_until),
+          input_stale_until=input_stale_until,
+          directory_identity=directory_identity),
       guard=train.guard, preemption=watcher if training else None,
       hooks=train.hooks,
       restored_fn=_after_restore(built) if training else None,

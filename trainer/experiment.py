@@ -39,6 +39,7 @@ from trainer.loop.control import controller as controller_lib
 from trainer.model import task as task_lib
 from trainer.report import run_report
 from trainer.storage import evaluated
+from trainer.storage import files
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval")
 
@@ -137,13 +138,17 @@ def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
     with (model_dir_lib.write_directory(model_dir, parts.worker, mode,
                                         parts.config) as write_dir,
           watcher or contextlib.nullcontext()):
+      # As the run took it: one deleted or replaced from here on (while
+      # the checkpoint is restored) stops the first save.
+      identity = files.directory_identity(write_dir)
       early_stopping = build.early_stopping(parts, write_dir)
       try:
         controller = build.controller(
             parts, write_dir, restore_dir=restore_dir, watcher=watcher,
             stopper=early_stopping, callbacks=callbacks,
             input_stale_until=(resume.step if resume and resume.batch_sizes
-                               else -1))
+                               else -1),
+            directory_identity=identity)
       except errors.CheckpointMismatch as e:
         raise resume_lib.mismatch(e, resume) from e
       release(run_report.header(

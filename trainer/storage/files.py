@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 # What every temporary file or folder of an atomic write starts with.
 TEMPORARY_PREFIX = ".tmp-"
@@ -78,6 +78,17 @@ def write_json(path: str, value: Any, root: Optional[str] = None) -> bool:
   `write_text`'s); returns whether it was written."""
   return write_text(path, json.dumps(value, indent=2, sort_keys=True) + "\n",
                     root=root)
+
+
+def directory_identity(directory: str) -> Optional[Tuple[int, int]]:
+  """`(device, inode)` of a local directory, which tells it from one made
+  again under the same name; None if it is missing or not local
+  (`gs://...`)."""
+  try:
+    status = os.stat(directory)
+  except OSError:
+    return None
+  return (status.st_dev, status.st_ino)
 
 
 def directory_gone(model_dir: Optional[str]) -> bool:

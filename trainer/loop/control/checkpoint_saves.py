@@ -12,7 +12,6 @@ refuses them) or into a model_dir replaced during the run.
 """
 
 import math
-import os
 import threading
 from typing import Callable, Optional
 
@@ -21,6 +20,7 @@ import tensorflow as tf
 from trainer import console
 from trainer import errors
 from trainer.loop.control import rollback
+from trainer.storage import files
 
 
 class CheckpointSaves:
@@ -70,11 +70,21 @@ class CheckpointSaves:
     if interval is not None and self._manager_fn() is not None:
       self.next_due = (self.last_saved_step // interval + 1) * interval
 
-  def watch_directory(self) -> None:
-    """Remembers the manager's directory, to notice its replacement."""
+  def watch_directory(self, identity: Optional[tuple] = None) -> None:
+    """Remembers the manager's directory, to notice its replacement.
+
+    Args:
+      identity: The directory's `files.directory_identity` when the run
+        took it, so that one deleted or replaced since (while the
+        checkpoint was restored) is noticed too; None: as it is now.
+    """
     manager = self._manager_fn()
-    self._directory_identity = (_identity(manager.directory)
-                                if manager is not None else None)
+    if manager is None:
+      self._directory_identity = None
+    elif identity is not None:
+      self._directory_identity = identity
+    else:
+      self._directory_identity = files.directory_identity(manager.directory)
 
   def newest(self) -> Optional[str]:
     """The newest checkpoint to restore; None: none."""
@@ -107,7 +117,7 @@ class CheckpointSaves:
                            self.last_saved_step // interval):
       return False
     directory = manager.directory
-    if _identity(directory) != self._directory_identity:
+    if files.directory_identity(directory) != self._directory_identity:
       # TensorFlow would create it anew and save into it without a word.
       raise errors.RunError(
           f"model_dir {directory} was deleted or replaced during the run; "
@@ -157,12 +167,3 @@ class CheckpointSaves:
       console.info(f"saved checkpoint {path}")
       return f"the checkpoint of step {step} is saved"
 
-
-def _identity(directory: str) -> Optional[tuple]:
-  """`(device, inode)` of a local directory; None if it is missing or not
-  local (`gs://...`)."""
-  try:
-    status = os.stat(directory)
-  except OSError:
-    return None
-  return (status.st_dev, status.st_ino)

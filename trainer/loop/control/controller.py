@@ -70,11 +70,17 @@ class ControllerOptions:
       warning about the rest of the checkpoint.
     input_stale_until: Restore no input position from checkpoints of steps
       up to this one (saved with another batch size); -1: from all.
+    directory_identity: The checkpoint manager's directory's
+      `files.directory_identity` when the run took it: one deleted or
+      replaced since, while the controller was built, stops the first save
+      as one deleted later does. None: as it is once the controller is
+      built.
   """
   checkpoint_interval: Optional[int] = None
   restore_dir: Optional[str] = None
   partial_restore: bool = False
   input_stale_until: int = -1
+  directory_identity: Optional[Tuple[int, int]] = None
 
 
 class Controller(orbit.Controller):
@@ -203,7 +209,7 @@ class Controller(orbit.Controller):
         eval_summary_dir=eval_summary_dir, summary_manager=summary_manager,
         eval_summary_manager=eval_summary_manager)
     self._constructed = True
-    self._saves.watch_directory()
+    self._saves.watch_directory(options.directory_identity)
     if self._runner is not None:
       self._loop = fast_loop.FastLoop(
           self._runner, self.global_step, self.summary_manager,
