@@ -498,7 +498,8 @@ def _training_collaborators(
       bar=console.interactive())]
   if config.profile_steps:
     hooks.append(profiler.ProfileWindow(config.profile_steps,
-                                        os.path.join(write_dir, "train")))
+                                        os.path.join(write_dir, "train"),
+                                        model_dir=write_dir))
   hooks.extend(hook for hook in (stopper, callbacks, csv) if hook is not None)
   return _TrainingCollaborators(
       actions=(actions.OperativeConfigWriter(write_dir, writer),

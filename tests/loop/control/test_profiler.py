@@ -2,6 +2,7 @@
 
 import glob
 import os
+import shutil
 
 import pytest
 
@@ -36,6 +37,32 @@ def test_the_trace_covers_the_window(tmp_path, capsys):
   traces = glob.glob(os.path.join(tmp_path, "train", "plugins", "profile",
                                   "*", "*.xplane.pb"))
   assert len(traces) == 1 and os.path.getsize(traces[0]) > 0
+
+
+def test_no_trace_goes_into_a_model_dir_deleted_under_the_run(tmp_path):
+  model_dir = tmp_path / "run"
+
+  def window_over(delete_at):
+    """Profiles steps 0 to 10 of a made `model_dir`, deleting it before the
+    window (`before`), in it (`during`) or not at all."""
+    model_dir.mkdir()
+    window = profiler.ProfileWindow((0, 10), str(model_dir / "train"),
+                                    model_dir=str(model_dir))
+    if delete_at == "before":
+      model_dir.rmdir()
+    window.before_loop(0)
+    if delete_at == "during":
+      model_dir.rmdir()
+    window.after_loop(10, None)
+    return window
+
+  kept = window_over(None)
+  assert kept.traced and glob.glob(
+      str(model_dir / "train" / "plugins" / "profile" / "*" / "*.xplane.pb"))
+  shutil.rmtree(model_dir)
+  for delete_at in ("during", "before"):
+    assert not window_over(delete_at).traced, delete_at
+    assert not model_dir.exists(), delete_at
 
 
 def test_check_steps():

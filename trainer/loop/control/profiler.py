@@ -6,7 +6,8 @@ TensorBoard's Profile tab finds it (`plugins/profile/<run>/`). As a loop
 hook, the window cuts the controller's loops at its edges so the trace holds
 exactly those steps.
 A profiler that cannot start (another one running) is logged, not raised:
-profiling is optional.
+profiling is optional. Nor does it write into a `model_dir` deleted under
+the run: the trace is dropped, and the next save stops the run.
 """
 
 from typing import Optional, Tuple
@@ -16,14 +17,25 @@ import tensorflow as tf
 from trainer import checks
 from trainer import console
 from trainer.loop.control import hooks as loop_hooks
+from trainer.storage import files
 
 
 class ProfileWindow(loop_hooks.LoopHook):
   """Loop hook: starts and stops the profiler around a window of steps."""
 
-  def __init__(self, steps: Tuple[int, int], logdir: str):
+  def __init__(self, steps: Tuple[int, int], logdir: str,
+               model_dir: Optional[str] = None):
+    """Builds the hook.
+
+    Args:
+      steps: The window, `(first, last)`.
+      logdir: Where the trace goes.
+      model_dir: The run's folder, holding `logdir`: no trace is started
+        or written once it is deleted (None: not watched).
+    """
     self.first, self.last = steps  # The window: steps first to last.
     self._logdir = logdir
+    self._model_dir = model_dir
     self._running = False
     self.traced = False  # Whether a trace was written.
 
@@ -36,7 +48,8 @@ class ProfileWindow(loop_hooks.LoopHook):
 
   def before_loop(self, step: int) -> None:
     """Starts tracing if the loop from `step` is inside the window."""
-    if self._running or self.traced or not self.first <= step < self.last:
+    if (self._running or self.traced or not self.first <= step < self.last
+        or files.directory_gone(self._model_dir)):
       return
     try:
       tf.profiler.experimental.start(self._logdir)
@@ -63,6 +76,9 @@ class ProfileWindow(loop_hooks.LoopHook):
       return
     self._running = False
     try:
+      if files.directory_gone(self._model_dir):
+        tf.profiler.experimental.stop(save=False)
+        return
       tf.profiler.experimental.stop()
       self.traced = True
       console.info(f"profile | steps {self.first} to {min(step, self.last)} "
