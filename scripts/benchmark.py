@@ -20,14 +20,17 @@ prefetched) and one strategy object, it times four contenders:
   keras  tf_keras `Model.fit` with `steps_per_execution=steps_per_loop`.
 
 At `steps_per_loop` 100 and 1, each contender is warmed up (tracing is left
-out of the timings), then the contenders take turns over `--rounds` rounds of
-`--steps` steps each, in a rotating order. Every timed region ends by reading
-the optimizer's step count on the host, so no queued work escapes the clock.
-The per-loop printing of ours and orbit goes to os.devnull: it happens, and
-costs what it costs, but stays off the screen. The median steps/s per
-contender is reported, and its ratio to bare: the median over the rounds of
-the ratio within a round, where the contenders ran back to back, so a slow
-spell on a shared host slows both sides of a ratio instead of one.
+out of the timings), then each runs `--steps` steps in each of `--rounds`
+rounds. Within a round, ours, bare and orbit take turns a chunk of
+`CHUNK_STEPS` (100) steps at a time (a loop, at `steps_per_loop=100`), in an
+order reversed every chunk and rotated every round, so a slow spell of a
+shared host falls on all three; Keras's `fit` starts its input anew at
+every call, so it runs its steps in one call, after them. Every timed
+region ends by reading the optimizer's step count on the host, so no
+queued work escapes the clock. The per-loop printing of ours and orbit goes
+to os.devnull: it happens, and costs what it costs, but stays off the
+screen. The median steps/s per contender is reported, and its ratio to
+bare: the median over the rounds of the ratio within a round.
 
 Targets: ours >= 1.00x bare at steps_per_loop=100 and >= 0.97x bare at
 steps_per_loop=1: every guarantee on (the non-finite guard, the progress
@@ -85,6 +88,14 @@ STEPS_PER_LOOP = (100, 1)
 DEFAULT_STEPS = {100: 1000, 1: 400}
 TARGETS = {100: 1.0, 1: 0.97}
 SUMMARY_INTERVAL = 100
+# Steps a contender runs before the next one's turn, within a round. (A
+# round of 1,000 steps each, run whole one after the other, took 3 s a
+# contender here, and its ratio to bare moved by 10%: the host's slow spells
+# last seconds. In chunks of 100, alternating, the ratios of five blocks
+# kept within 2% of each other.)
+CHUNK_STEPS = 100
+# The contenders that take turns a chunk at a time; Keras runs after them.
+INTERLEAVED = ("ours", "bare", "orbit")
 GLOBAL_BATCH_SIZE = 256
 NUM_EXAMPLES = 4096
 LEARNING_RATE = 0.01
@@ -275,8 +286,8 @@ def build_keras(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset,
   return run
 
 
-def steps_per_second(run: Run, num_steps: int, expected_total: int,
-                     devnull) -> float:
+def seconds_for(run: Run, num_steps: int, expected_total: int,
+                devnull) -> float:
   """Times `run(num_steps)`, host sync included; checks the step count."""
   with contextlib.redirect_stdout(devnull):
     start = time.perf_counter()
@@ -284,7 +295,14 @@ def steps_per_second(run: Run, num_steps: int, expected_total: int,
     elapsed = time.perf_counter() - start
   if total != expected_total:
     raise RuntimeError(f"expected {expected_total} steps in all, ran {total}.")
-  return num_steps / elapsed
+  return elapsed
+
+
+def chunks(num_steps: int) -> List[int]:
+  """The chunks of `CHUNK_STEPS` a round's `num_steps` (a multiple of 100,
+  `--steps`' validator says) are run in: whole loops at either
+  `steps_per_loop`."""
+  return [CHUNK_STEPS] * (num_steps // CHUNK_STEPS)
 
 
 def benchmark(setup: build.Process, features: np.ndarray,
@@ -307,15 +325,23 @@ def benchmark(setup: build.Process, features: np.ndarray,
       "keras": build_keras(strategy, dataset, steps_per_loop),
   }
   results = {name: [] for name in CONTENDERS}
+  done = dict.fromkeys(CONTENDERS, warmup_steps)  # Steps run so far.
   with open(os.devnull, "w") as devnull:
     for name in CONTENDERS:
-      steps_per_second(runs[name], warmup_steps, warmup_steps, devnull)
+      seconds_for(runs[name], warmup_steps, warmup_steps, devnull)
     for round_index in range(rounds):
-      shift = round_index % len(CONTENDERS)
-      for name in CONTENDERS[shift:] + CONTENDERS[:shift]:
-        results[name].append(steps_per_second(
-            runs[name], num_steps,
-            warmup_steps + (round_index + 1) * num_steps, devnull))
+      shift = round_index % len(INTERLEAVED)
+      order = INTERLEAVED[shift:] + INTERLEAVED[:shift]
+      seconds = dict.fromkeys(CONTENDERS, 0.0)
+      for index, size in enumerate(chunks(num_steps)):
+        for name in order if index % 2 == 0 else order[::-1]:
+          done[name] += size
+          seconds[name] += seconds_for(runs[name], size, done[name], devnull)
+      done["keras"] += num_steps
+      seconds["keras"] = seconds_for(runs["keras"], num_steps, done["keras"],
+                                     devnull)
+      for name in CONTENDERS:
+        results[name].append(num_steps / seconds[name])
   return results
 
 
