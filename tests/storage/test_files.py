@@ -1,6 +1,7 @@
 """Atomic writes of files, JSON records and whole directories."""
 
 import os
+import shutil
 
 import pytest
 
@@ -84,3 +85,48 @@ def test_a_write_under_a_deleted_root_makes_nothing(tmp_path):
   assert not root.exists()
   # Without `root`, the folders are made, as before.
   assert files.write_text(path, "x") is True and root.exists()
+
+
+def test_a_root_deleted_during_the_write_is_not_an_error(tmp_path,
+                                                          monkeypatch):
+  """Deleted between the temporary file and the rename (the user's `rm -r`
+  under the run): nothing is written and nothing made again."""
+  root = tmp_path / "run"
+  root.mkdir()
+  replace = os.replace
+
+  def delete_then_replace(source, target):
+    shutil.rmtree(root)
+    replace(source, target)
+
+  monkeypatch.setattr(os, "replace", delete_then_replace)
+  assert files.write_json(str(root / "eval" / "record.json"), {"step": 1},
+                          root=str(root)) is False
+  assert not root.exists()
+
+
+def test_only_the_folders_below_root_are_made(tmp_path, monkeypatch):
+  root = tmp_path / "run"
+  root.mkdir()
+  made = []
+  mkdir = os.mkdir
+
+  def recording_mkdir(path, *args):
+    made.append(path)
+    mkdir(path, *args)
+
+  monkeypatch.setattr(os, "mkdir", recording_mkdir)
+  path = root / "eval" / "clean" / "images" / "x.png"
+  assert files.write_bytes(str(path), b"png", root=str(root)) is True
+  assert path.read_bytes() == b"png"
+  assert made == [str(root / "eval"), str(root / "eval" / "clean"),
+                  str(root / "eval" / "clean" / "images")]
+
+
+def test_a_missing_file_with_root_there_is_raised(tmp_path, monkeypatch):
+  def lost(source, target):
+    raise FileNotFoundError("lost")
+
+  monkeypatch.setattr(os, "replace", lost)
+  with pytest.raises(FileNotFoundError, match="lost"):
+    files.write_text(str(tmp_path / "a.txt"), "x", root=str(tmp_path))

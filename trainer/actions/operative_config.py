@@ -1,7 +1,6 @@
 """Saving the operative gin config once, after the first loop: a train
 action."""
 
-import os
 from typing import Optional
 
 from trainer import console
@@ -23,13 +22,8 @@ class OperativeConfigWriter:
     if self._done:
       return
     self._done = True
-    try:
-      path = summaries.write_operative_config(self._model_dir, self._writer,
-                                              step=0)
-    except FileNotFoundError:
-      if os.path.isdir(self._model_dir):
-        raise
-      # `model_dir` deleted under the run (before or during this write): the
-      # next save says so, and nothing here makes it again.
-      return
-    console.log(f"wrote {path}")
+    path = summaries.write_operative_config(self._model_dir, self._writer,
+                                            step=0)
+    # None: `model_dir` was deleted under the run; the next save says so.
+    if path is not None:
+      console.log(f"wrote {path}")

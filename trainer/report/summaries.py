@@ -24,12 +24,12 @@ class LazyWriter:
   that stops before its first summary (a bad checkpoint, a bad setting)
   must leave `model_dir` as it found it.
 
-  It also makes `log_dir` and every missing folder above it: a writer
-  first used after the user deleted `model_dir` under the run would make
-  it again, and the run would go on writing into it. Given `model_dir`,
-  such a writer writes nothing instead; the next checkpoint save stops the
-  run, saying `model_dir` was deleted. (A writer already made does not
-  make anything again: its summaries go nowhere.)
+  That call also makes `log_dir` and every missing folder above it: a
+  writer first used after the user deleted `model_dir` under the run would
+  make it again, and the run would go on writing into it. Given
+  `model_dir`, such a writer writes nothing instead; the next checkpoint
+  save stops the run, saying `model_dir` was deleted. (A writer already
+  made does not make anything again: its summaries go nowhere.)
   """
 
   def __init__(self, log_dir: str, model_dir: Optional[str] = None):
@@ -213,18 +213,18 @@ def write_images(log_dir: str, images: Mapping[str, np.ndarray],
 
 def write_operative_config(directory: str,
                            writer: Optional[Writer],
-                           step: int) -> str:
+                           step: int) -> Optional[str]:
   """Saves the gin parameters actually used, as a file and a text summary.
 
   Returns:
-    The path of the written `operative_config.gin`.
-
-  Raises:
-    FileNotFoundError: If `directory` does not exist (it is not created).
+    The path of the written `operative_config.gin`; None where `directory`
+    (the run's `model_dir`) was deleted under the run, before or during
+    the write: nothing is written, nor is it made again.
   """
   config = gin.operative_config_str()
   path = os.path.join(directory, OPERATIVE_CONFIG_FILE)
-  files.write_text(path, config, make_directory=False)
+  if not files.write_text(path, config, root=directory):
+    return None
   if writer is not None:
     with writer.as_default(step=step):
       # Indented lines render as a code block in TensorBoard's markdown.

@@ -36,8 +36,9 @@ def write_text(path: str, text: str, make_directory: bool = True,
     make_directory: Whether to create the folder of `path` where missing;
       without it, a missing folder raises FileNotFoundError.
     root: The run's `model_dir`, above `path`. Where it is gone (the user
-      deleted it under the run), nothing is written and nothing made
-      again: the run's next checkpoint save stops it, saying so.
+      deleted it under the run) before or during the write, nothing is
+      written and nothing made again: the run's next checkpoint save stops
+      it, saying so. Only the folders below it are made.
 
   Returns:
     Whether `path` was written (False only where `root` is gone).
@@ -49,13 +50,47 @@ def write_bytes(path: str, data: bytes, make_directory: bool = True,
                 root: Optional[str] = None) -> bool:
   """Writes `data` to `path` as `write_text` writes text; returns whether
   it was written."""
-  if directory_gone(root):
-    return False
   directory = os.path.dirname(path) or "."
-  if make_directory:
-    # A deletion of `root` from here to the rename is not seen: the window
-    # is one write long, against a run's lifetime.
+  try:
+    if make_directory:
+      _make_below(root, directory)
+    _write_and_rename(path, directory, data)
+  except FileNotFoundError:
+    if directory_gone(root):
+      return False
+    raise
+  return True
+
+
+def _make_below(root: Optional[str], directory: str) -> None:
+  """Makes `directory` and its missing parents, but not `root` (None:
+  any), nor anything above it.
+
+  Raises:
+    FileNotFoundError: If `root` is missing.
+  """
+  if root is None:
     os.makedirs(directory, exist_ok=True)
+    return
+  if not os.path.isdir(root):
+    raise FileNotFoundError(f"{root} is gone")
+  below = os.path.relpath(directory, root)
+  if below == os.curdir:
+    return
+  if below.split(os.sep)[0] == os.pardir:
+    raise ValueError(f"{directory} is not inside {root}")
+  path = root
+  # One level at a time: `os.makedirs` would make `root` again too.
+  for part in below.split(os.sep):
+    path = os.path.join(path, part)
+    try:
+      os.mkdir(path)
+    except FileExistsError:
+      pass
+
+
+def _write_and_rename(path: str, directory: str, data: bytes) -> None:
+  """Writes `data` to a temporary file in `directory`, renamed to `path`."""
   # Named after `path`, so a cleanup can tell whose write it was.
   with tempfile.NamedTemporaryFile("wb", dir=directory, delete=False,
                                    prefix=(f"{TEMPORARY_PREFIX}"
@@ -70,7 +105,6 @@ def write_bytes(path: str, data: bytes, make_directory: bool = True,
       os.remove(f.name)  # A full disk leaves no partial file behind.
       raise
   os.replace(f.name, path)
-  return True
 
 
 def write_json(path: str, value: Any, root: Optional[str] = None) -> bool:

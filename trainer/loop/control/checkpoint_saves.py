@@ -13,7 +13,7 @@ refuses them) or into a model_dir replaced during the run.
 
 import math
 import threading
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import tensorflow as tf
 
@@ -70,7 +70,8 @@ class CheckpointSaves:
     if interval is not None and self._manager_fn() is not None:
       self.next_due = (self.last_saved_step // interval + 1) * interval
 
-  def watch_directory(self, identity: Optional[tuple] = None) -> None:
+  def watch_directory(self,
+                      identity: Optional[Tuple[int, int]] = None) -> None:
     """Remembers the manager's directory, to notice its replacement.
 
     Args:
