@@ -92,7 +92,7 @@ SUMMARY_INTERVAL = 100
 # round of 1,000 steps each, run whole one after the other, took 3 s a
 # contender here, and its ratio to bare moved by 10%: the host's slow spells
 # last seconds. In chunks of 100, alternating, the ratios of five blocks
-# kept within 2% of each other.)
+# kept within 4% of each other.) `--steps` is a multiple of it.
 CHUNK_STEPS = 100
 # The contenders that take turns a chunk at a time; Keras runs after them.
 INTERLEAVED = ("ours", "bare", "orbit")
@@ -298,13 +298,6 @@ def seconds_for(run: Run, num_steps: int, expected_total: int,
   return elapsed
 
 
-def chunks(num_steps: int) -> List[int]:
-  """The chunks of `CHUNK_STEPS` a round's `num_steps` (a multiple of 100,
-  `--steps`' validator says) are run in: whole loops at either
-  `steps_per_loop`."""
-  return [CHUNK_STEPS] * (num_steps // CHUNK_STEPS)
-
-
 def benchmark(setup: build.Process, features: np.ndarray,
               labels: np.ndarray, steps_per_loop: int, num_steps: int,
               rounds: int, summary_dir: str) -> Dict[str, List[float]]:
@@ -333,10 +326,11 @@ def benchmark(setup: build.Process, features: np.ndarray,
       shift = round_index % len(INTERLEAVED)
       order = INTERLEAVED[shift:] + INTERLEAVED[:shift]
       seconds = dict.fromkeys(CONTENDERS, 0.0)
-      for index, size in enumerate(chunks(num_steps)):
-        for name in order if index % 2 == 0 else order[::-1]:
-          done[name] += size
-          seconds[name] += seconds_for(runs[name], size, done[name], devnull)
+      for chunk in range(num_steps // CHUNK_STEPS):
+        for name in order if chunk % 2 == 0 else order[::-1]:
+          done[name] += CHUNK_STEPS
+          seconds[name] += seconds_for(runs[name], CHUNK_STEPS, done[name],
+                                       devnull)
       done["keras"] += num_steps
       seconds["keras"] = seconds_for(runs["keras"], num_steps, done["keras"],
                                      devnull)
