@@ -23,8 +23,7 @@ def _umask() -> int:
   return mask
 
 
-def write_text(path: str, text: str, make_directory: bool = True,
-               root: Optional[str] = None) -> bool:
+def write_text(path: str, text: str, root: Optional[str] = None) -> bool:
   """Writes `text` to `path` through a temporary file and a rename.
 
   The file gets the mode an `open(path, "w")` would (0644 under umask 022),
@@ -33,8 +32,6 @@ def write_text(path: str, text: str, make_directory: bool = True,
   Args:
     path: The file written.
     text: Its content.
-    make_directory: Whether to create the folder of `path` where missing;
-      without it, a missing folder raises FileNotFoundError.
     root: The run's `model_dir`, above `path`. Where it is gone (the user
       deleted it under the run) before or during the write, nothing is
       written and nothing made again: the run's next checkpoint save stops
@@ -43,17 +40,15 @@ def write_text(path: str, text: str, make_directory: bool = True,
   Returns:
     Whether `path` was written (False only where `root` is gone).
   """
-  return write_bytes(path, text.encode("utf-8"), make_directory, root)
+  return write_bytes(path, text.encode("utf-8"), root)
 
 
-def write_bytes(path: str, data: bytes, make_directory: bool = True,
-                root: Optional[str] = None) -> bool:
+def write_bytes(path: str, data: bytes, root: Optional[str] = None) -> bool:
   """Writes `data` to `path` as `write_text` writes text; returns whether
   it was written."""
   directory = os.path.dirname(path) or "."
   try:
-    if make_directory:
-      _make_below(root, directory)
+    _make_below(root, directory)
     _write_and_rename(path, directory, data)
   except FileNotFoundError:
     if directory_gone(root):
