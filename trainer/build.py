@@ -527,10 +527,16 @@ def _eval_actions(built: Parts, restored_path: Callable[[], Optional[str]],
   if built.config.best_checkpoint.metric is not None:
 
     def save_best(prefix: str) -> None:
-      if built.training:
+      restored = restored_path()
+      if not built.training or (
+          restored and checkpoints.saved_step(restored) == built.state.step()):
+        # The evaluated state is a checkpoint on disk (evaluated alone, or
+        # restored and not trained since): copy it, optimizer and all. The
+        # state in memory lacks the optimizer slots until the first step
+        # (a restore fills them only once a step creates them).
+        checkpoints.copy(restored, prefix)
+      else:
         built.checkpoint.write(prefix)
-      else:  # Evaluating a checkpoint on disk: copy it, optimizer and all.
-        checkpoints.copy(restored_path(), prefix)
 
     chosen.append(actions.BestCheckpoint(
         write_dir, built.config.best_checkpoint, step_fn=built.state.step,

@@ -123,3 +123,52 @@ def test_training_keeps_the_best_checkpoint_and_its_export(tmp_path):
   outputs = serve.signatures["serving_default"](features=features)["outputs"]
   served_loss = float(tf.reduce_mean(task.build_losses(labels, outputs)))
   assert served_loss == pytest.approx(best_loss, rel=1e-5)
+
+
+# A digits run short enough for a test: one loop of 10 steps, evaluated and
+# saved at its end, the best checkpoint kept (no exports: not what is
+# checked).
+_DIGITS_BEST = [
+    "--gin_file=gin/digits.gin", "--gin_file=gin/features/best_checkpoint.gin",
+    *(f"--gin_param=trainer.{name}=10" for name in (
+        "train_steps", "steps_per_loop", "validation_interval",
+        "checkpoint_interval", "summary_interval")),
+    "--gin_param=export.best=False", "--gin_param=export.at_end=False"]
+
+
+@pytest.mark.slow
+def test_a_best_checkpoint_kept_before_any_step_is_the_restored_one_whole(
+    tmp_path):
+  """A resumed run that keeps a best checkpoint before its first step (here
+  `best.json` deleted, the same `train_steps`: the final evaluation of step
+  10 is the new best) keeps the checkpoint of that step whole. A restore
+  fills the optimizer slots only at the first step, so a save of the state
+  in memory had none: a resume or warm start from `best/` then started
+  Adam from zero."""
+  model_dir = tmp_path / "run"
+  args = [*_DIGITS_BEST, f"--model_dir={model_dir}"]
+  first = helpers.run_cli(args)
+  assert first.returncode == 0, first.stderr[-2000:]
+  os.remove(model_dir / "best" / "best.json")
+  resumed = helpers.run_cli(args)
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert "restored checkpoint {}/ckpt-10 at step 10".format(model_dir) in (
+      resumed.stdout.splitlines())
+  assert [line for line in resumed.stdout.splitlines()
+          if line.startswith("best | ")] == [
+              f"best | step 10: accuracy {helpers.final_accuracy(resumed.stdout)}"
+              f", the best so far; kept in {model_dir}/best"]
+  restored = tf.train.load_checkpoint(str(model_dir / "ckpt-10"))
+  best = tf.train.load_checkpoint(str(model_dir / "best" / "ckpt-10"))
+  keys = sorted(restored.get_variable_to_shape_map())
+  assert sorted(best.get_variable_to_shape_map()) == keys
+  # Adam's two slots of each of the CNN's 8 variables, and its step.
+  assert len([key for key in keys if "/.OPTIMIZER_SLOT/" in key]) == 16
+  assert "optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE" in keys
+  # Every value but the input's position (a variant, which no reader
+  # gives as an array).
+  dtypes = restored.get_variable_to_dtype_map()
+  compared = [key for key in keys if dtypes[key] != tf.variant]
+  assert len(compared) == len(keys) - 1
+  for key in compared:
+    assert np.array_equal(best.get_tensor(key), restored.get_tensor(key)), key

@@ -151,11 +151,16 @@ def newest_step(directory: str) -> int:
   """
   for path in candidates(directory):
     try:
-      reader = tf.train.load_checkpoint(path)
-      return int(reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE"))
+      return saved_step(path)
     except Exception:  # pylint: disable=broad-except
       continue  # Damaged or foreign: `restore` reports it.
   return 0
+
+
+def saved_step(path: str) -> int:
+  """Returns the global step saved in checkpoint `path` (read alone)."""
+  reader = tf.train.load_checkpoint(path)
+  return int(reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE"))
 
 
 def number(path: str) -> int:
