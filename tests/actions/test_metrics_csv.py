@@ -107,3 +107,49 @@ def test_a_row_torn_by_a_crash_is_dropped_when_read(tmp_path):
   resumed.train_summary(20, {"loss": 0.5, "accuracy": 0.75})
   assert _rows(tmp_path)[1:] == [["10", "1001.000", "train", "1.0", "0.5"],
                                  ["20", "1001.000", "train", "0.5", "0.75"]]
+
+
+def test_a_file_deleted_during_the_run_is_written_again_whole(tmp_path,
+                                                               capsys):
+  writer, steps = _csv(tmp_path)
+  writer.train_summary(10, {"loss": 1.0})
+  resumed, steps = _csv(tmp_path, step=10)  # Rows read at start, kept too.
+  for step in (20, 30):
+    resumed.train_summary(step, {"loss": step / 100})
+    steps["step"] = step
+    resumed({"loss": step / 10})
+  os.remove(resumed.path)
+  resumed.train_summary(40, {"loss": 0.25})
+  assert [row[:4] for row in _rows(tmp_path)] == [
+      ["step", "wall_time", "split", "loss"],
+      ["10", "1001.000", "train", "1.0"],
+      ["20", "1001.000", "train", "0.2"], ["20", "1002.000", "eval", "2.0"],
+      ["30", "1003.000", "train", "0.3"], ["30", "1004.000", "eval", "3.0"],
+      ["40", "1005.000", "train", "0.25"]]
+  # Deleted again before a row that adds a column: the same, once each.
+  os.remove(resumed.path)
+  resumed.train_summary(50, {"loss": 0.125, "accuracy": 0.5})
+  resumed.train_summary(60, {"loss": 0.0625, "accuracy": 0.75})
+  assert [row[0] for row in _rows(tmp_path)[1:]] == [
+      "10", "20", "20", "30", "30", "40", "50", "60"]
+  open(resumed.path, "w").close()  # Emptied.
+  resumed.train_summary(70, {"loss": 0.03125, "accuracy": 0.875})
+  assert [row[0] for row in _rows(tmp_path)[1:]] == [
+      "10", "20", "20", "30", "30", "40", "50", "60", "70"]
+  assert [line for line in capsys.readouterr().out.splitlines()
+          if line.startswith("warning | ")] == [
+              f"warning | {resumed.path} was deleted during the run: written "
+              "again whole (6 rows, steps 10 to 40)",
+              f"warning | {resumed.path} was deleted during the run: written "
+              "again whole (7 rows, steps 10 to 50)",
+              f"warning | {resumed.path} was emptied during the run: written "
+              "again whole (9 rows, steps 10 to 70)"]
+
+
+def test_a_first_row_writes_no_warning(tmp_path, capsys):
+  writer, _ = _csv(tmp_path)
+  writer.train_summary(10, {"loss": 1.0})
+  writer.train_summary(20, {"loss": 0.5})
+  assert [row[0] for row in _rows(tmp_path)[1:]] == ["10", "20"]
+  assert "warning" not in capsys.readouterr().out
+

@@ -25,6 +25,10 @@ checkpoint, steps that run again now) are dropped when training resumes
 (`restarted`) and after a rollback; a row for a step and split already
 there (an evaluation made again after a restart) replaces it. A last row
 cut short by a crash mid-write is dropped when the file is read.
+
+The writer holds every row (those it read at start, those it wrote since):
+a file deleted during the run is written again whole at the next row, with
+a warning.
 """
 
 import csv
@@ -32,10 +36,11 @@ import io
 import math
 import os
 import time
-from typing import Any, Callable, Dict, List, Mapping, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from trainer import console
 from trainer.data import eval_sets
 from trainer.loop.control import hooks as loop_hooks
 from trainer.storage import files
@@ -71,6 +76,8 @@ class MetricsCsv(loop_hooks.LoopHook):
     self._clock = clock
     self._columns: List[str] = list(KEYS)
     self._rows: List[Dict[str, str]] = []
+    # Whether the file should be there: read at start, or written since.
+    self._on_disk = False
     torn = self._read()
     if torn:
       self._rewrite()
@@ -85,6 +92,7 @@ class MetricsCsv(loop_hooks.LoopHook):
       return False
     if not lines or tuple(lines[0][:len(KEYS)]) != KEYS:
       return bool(lines)  # Not ours, or empty: started again.
+    self._on_disk = True
     self._columns = lines[0]
     torn = False
     for cells in lines[1:]:
@@ -142,23 +150,51 @@ class MetricsCsv(loop_hooks.LoopHook):
       # `model_dir` deleted under the run: the next save says so, and
       # nothing here makes it again.
       return
-    if new_columns or replaced:
-      self._rewrite()
+    if not (new_columns or replaced) and self._append(row):
       return
-    with open(self.path, "a", newline="", encoding="utf-8") as f:
-      if f.tell() == 0:
-        csv.writer(f).writerow(self._columns)
-      csv.writer(f).writerow(self._cells(row))
+    lost = self._lost() if self._on_disk else None
+    if self._rewrite() and lost:
+      steps = [int(old["step"]) for old in self._rows]
+      console.warning(
+          f"{self.path} was {lost} during the run: written again whole "
+          f"({len(self._rows)} rows, steps {min(steps)} to {max(steps)})")
+
+  def _append(self, row: Mapping[str, str]) -> bool:
+    """Appends `row` to the file; returns False, writing nothing, where
+    there is no file or an empty one (the first row, a file deleted): the
+    whole file is written then, through an atomic rewrite."""
+    try:
+      # Not "a": it would make a deleted file again, holding one row.
+      with open(self.path, "r+", newline="", encoding="utf-8") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+          return False
+        csv.writer(f).writerow(self._cells(row))
+    except FileNotFoundError:
+      return False
+    return True
+
+  def _lost(self) -> Optional[str]:
+    """What became of the file's rows: `deleted`, `emptied`, or None
+    where they are there."""
+    try:
+      return "emptied" if os.path.getsize(self.path) == 0 else None
+    except FileNotFoundError:
+      return "deleted"
 
   def _cells(self, row: Mapping[str, str]) -> List[str]:
     return [row.get(column, "") for column in self._columns]
 
-  def _rewrite(self) -> None:
+  def _rewrite(self) -> bool:
+    """Writes the whole file, atomically; returns whether it was written
+    (False only where `model_dir` is gone)."""
     text = io.StringIO()
     writer = csv.writer(text)
     writer.writerow(self._columns)
     writer.writerows(self._cells(row) for row in self._rows)
-    files.write_text(self.path, text.getvalue(), root=self._model_dir)
+    written = files.write_text(self.path, text.getvalue(),
+                               root=self._model_dir)
+    self._on_disk = self._on_disk or written
+    return written
 
 
 def scalars(values: Mapping[str, Any]) -> Dict[str, float]:
