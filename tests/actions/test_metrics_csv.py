@@ -6,9 +6,13 @@ import csv
 import os
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
+import trainer
 from trainer.actions import metrics_csv
+
+import helpers
 
 
 class _Clock:
@@ -153,3 +157,44 @@ def test_a_first_row_writes_no_warning(tmp_path, capsys):
   assert [row[0] for row in _rows(tmp_path)[1:]] == ["10", "20"]
   assert "warning" not in capsys.readouterr().out
 
+
+# Keras's `CSVLogger`'s, say.
+_FOREIGN = "epoch,loss,val_loss\n0,0.9,1.1\n1,0.5,0.7\n"
+
+
+def test_a_long_foreign_header_is_shown_by_its_first_columns(tmp_path):
+  (tmp_path / "metrics.csv").write_text("epoch,a,b,c,d,e\n0,1,2,3,4,5\n")
+  with pytest.raises(trainer.ConfigError,
+                     match=r"its header is `epoch,a,b,c,\.\.\.`, not "):
+    _csv(tmp_path)
+
+
+def test_a_metrics_csv_that_is_not_ours_is_refused_and_kept(tmp_path):
+  path = tmp_path / "metrics.csv"
+  path.write_text(_FOREIGN)
+  with pytest.raises(trainer.ConfigError) as raised:
+    _csv(tmp_path)
+  assert str(raised.value) == (
+      f"{path} is not this framework's (its header is `epoch,loss,val_loss`, "
+      "not `step,wall_time,split,...`), and training writes its own there: "
+      "move it away, or train in another --model_dir.")
+  assert path.read_text() == _FOREIGN
+
+
+def test_a_metrics_csv_that_is_not_ours_stops_train_py_before_training(
+    tmp_path):
+  model_dir = tmp_path / "run"
+  model_dir.mkdir()
+  (model_dir / "metrics.csv").write_text(_FOREIGN)
+  before = helpers.snapshot(str(model_dir))
+  result = helpers.run_cli(["--gin_file=gin/digits.gin",
+                            "--gin_param=trainer.train_steps=10",
+                            f"--model_dir={model_dir}"])
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"train.py: error: {model_dir}/metrics.csv is not this framework's "
+      "(its header is `epoch,loss,val_loss`, not `step,wall_time,split,...`)"
+      ", and training writes its own there: move it away, or train in "
+      "another --model_dir.")
+  assert "train | " not in result.stdout
+  assert helpers.snapshot(str(model_dir)) == before

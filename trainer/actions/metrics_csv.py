@@ -28,7 +28,8 @@ cut short by a crash mid-write is dropped when the file is read.
 
 The writer holds every row (those it read at start, those it wrote since):
 a file deleted during the run is written again whole at the next row, with
-a warning.
+a warning. A `metrics.csv` of another program (its header not ours) is
+refused before training, not written over.
 """
 
 import csv
@@ -41,6 +42,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from trainer import console
+from trainer import errors
 from trainer.data import eval_sets
 from trainer.loop.control import hooks as loop_hooks
 from trainer.storage import files
@@ -48,6 +50,8 @@ from trainer.storage import files
 METRICS_CSV = "metrics.csv"
 # The columns of every row, before the metrics.
 KEYS = ("step", "wall_time", "split")
+# The columns of another program's header that its refusal shows.
+_SHOWN_COLUMNS = 4
 
 
 class MetricsCsv(loop_hooks.LoopHook):
@@ -84,14 +88,30 @@ class MetricsCsv(loop_hooks.LoopHook):
 
   def _read(self) -> bool:
     """Loads the file's header and rows; returns whether a row was torn (a
-    crash mid-write) and dropped."""
+    crash mid-write) and dropped.
+
+    Raises:
+      errors.ConfigError: If the file is another program's.
+    """
     try:
       with open(self.path, newline="", encoding="utf-8") as f:
         lines = list(csv.reader(f))
     except FileNotFoundError:
       return False
-    if not lines or tuple(lines[0][:len(KEYS)]) != KEYS:
-      return bool(lines)  # Not ours, or empty: started again.
+    if not lines:
+      return False  # Empty: nothing to keep.
+    if tuple(lines[0][:len(KEYS)]) != KEYS:
+      # Refused rather than set aside under another name: the program that
+      # wrote it (a Keras `CSVLogger`, a script) may still be writing it,
+      # and a rename would move its file from under it. Refusing writes
+      # nothing, loses nothing, and the way out is one `mv`.
+      header = ",".join(lines[0][:_SHOWN_COLUMNS]) + (
+          ",..." if len(lines[0]) > _SHOWN_COLUMNS else "")
+      raise errors.ConfigError(
+          f"{self.path} is not this framework's (its header is "
+          f"`{header}`, not `{','.join(KEYS)},...`), and "
+          "training writes its own there: move it away, or train in another "
+          "--model_dir.")
     self._on_disk = True
     self._columns = lines[0]
     torn = False
