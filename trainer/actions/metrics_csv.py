@@ -33,6 +33,7 @@ refused before training, not written over.
 """
 
 import csv
+import dataclasses
 import io
 import math
 import os
@@ -93,34 +94,24 @@ class MetricsCsv(loop_hooks.LoopHook):
     Raises:
       errors.ConfigError: If the file is another program's.
     """
-    try:
-      with open(self.path, newline="", encoding="utf-8") as f:
-        lines = list(csv.reader(f))
-    except FileNotFoundError:
-      return False
-    if not lines:
-      return False  # Empty: nothing to keep.
-    if tuple(lines[0][:len(KEYS)]) != KEYS:
+    found = read(self.path)
+    if found.foreign_header is not None:
       # Refused rather than set aside under another name: the program that
       # wrote it (a Keras `CSVLogger`, a script) may still be writing it,
       # and a rename would move its file from under it. Refusing writes
       # nothing, loses nothing, and the way out is one `mv`.
-      header = ",".join(lines[0][:_SHOWN_COLUMNS]) + (
-          ",..." if len(lines[0]) > _SHOWN_COLUMNS else "")
+      header = ",".join(found.foreign_header[:_SHOWN_COLUMNS]) + (
+          ",..." if len(found.foreign_header) > _SHOWN_COLUMNS else "")
       raise errors.ConfigError(
           f"{self.path} is not this framework's (its header is "
           f"`{header}`, not `{','.join(KEYS)},...`), and "
           "training writes its own there: move it away, or train in another "
           "--model_dir.")
-    self._on_disk = True
-    self._columns = lines[0]
-    torn = False
-    for cells in lines[1:]:
-      if len(cells) != len(self._columns) or not cells[0].isdigit():
-        torn = True
-        continue
-      self._rows.append(dict(zip(self._columns, cells)))
-    return torn
+    if found.columns:
+      self._on_disk = True
+      self._columns = found.columns
+    self._rows = found.rows
+    return found.torn
 
   def restarted(self, step: int) -> None:
     """Drops the rows past `step`, where training (re)starts: their steps
@@ -215,6 +206,55 @@ class MetricsCsv(loop_hooks.LoopHook):
                                root=self._model_dir)
     self._on_disk = self._on_disk or written
     return written
+
+
+@dataclasses.dataclass
+class Rows:
+  """What `read` found in a metrics CSV.
+
+  Attributes:
+    columns: Its header; empty where the file is missing or not ours.
+    rows: Its whole rows, each column's text by name.
+    torn: Whether a row cut short (a crash mid-write) was dropped.
+    foreign_header: The header of a file that is not ours (another
+      program's CSV; `["<not UTF-8 text>"]` for a binary file); None for
+      ours, an empty file or none.
+  """
+  columns: List[str]
+  rows: List[Dict[str, str]]
+  torn: bool
+  foreign_header: Optional[List[str]] = None
+
+
+def read(path: str) -> Rows:
+  """The rows of the metrics CSV at `path`, read without writing (another
+  process, a sweep, reads a running trial's file)."""
+  try:
+    with open(path, newline="", encoding="utf-8") as f:
+      lines = list(csv.reader(f))
+  except FileNotFoundError:
+    return Rows([], [], False)
+  except UnicodeDecodeError:
+    return Rows([], [], False, foreign_header=["<not UTF-8 text>"])
+  if not lines:
+    return Rows([], [], False)  # Empty: nothing to keep.
+  if tuple(lines[0][:len(KEYS)]) != KEYS:
+    return Rows([], [], False, foreign_header=lines[0])
+  columns, rows, torn = lines[0], [], False
+  for cells in lines[1:]:
+    if len(cells) != len(columns) or not cells[0].isdigit():
+      torn = True
+      continue
+    rows.append(dict(zip(columns, cells)))
+  return Rows(columns, rows, torn)
+
+
+def last_step(model_dir: str) -> Optional[int]:
+  """The last step with a row in `model_dir/metrics.csv` (how far the run
+  got, by its summaries and evaluations); None before the first row."""
+  steps = [int(row["step"])
+           for row in read(os.path.join(model_dir, METRICS_CSV)).rows]
+  return max(steps) if steps else None
 
 
 def scalars(values: Mapping[str, Any]) -> Dict[str, float]:
