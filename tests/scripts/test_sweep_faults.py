@@ -210,20 +210,64 @@ def test_a_renamed_sweep_directory_keeps_its_study(tmp_path):
 # A trial killed by a signal.
 
 
-def test_a_trial_killed_by_sigkill_says_so(tmp_path):
-  script = tmp_path / "oom.py"
-  script.write_text("import os, signal\n"
-                    "print('train | step 200/600 | loss 1.0', flush=True)\n"
+# A run's records as train.py writes them: its evaluations
+# (eval/evaluated.json) and its metrics.csv rows.
+_RECORDS = """import json, os, signal, sys, time
+def evaluated(results):
+  os.makedirs("eval", exist_ok=True)
+  json.dump({"steps": sorted(results), "results": {
+      str(step): {"accuracy": value} for step, value in results.items()}},
+            open("eval/evaluated.json.tmp", "w"))
+  os.replace("eval/evaluated.json.tmp", "eval/evaluated.json")
+def row(step):
+  with open("metrics.csv", "a") as f:
+    if f.tell() == 0:
+      f.write("step,wall_time,split,loss\\n")
+    f.write(f"{step},1.0,train,0.5\\n")
+    print(f"train | step {step:3d}/600 | loss 0.5", flush=True)
+"""
+
+
+def _killed_run(tmp_path, body, poll_seconds=0.05):
+  """A trial whose process runs `body` after `_RECORDS` in its model_dir
+  (without TensorFlow, through `env`); returns its outcome and what it
+  reported."""
+  model_dir = tmp_path / "trial-0"
+  model_dir.mkdir()
+  script = tmp_path / "run.py"
+  script.write_text(f"import os\nos.chdir({str(model_dir)!r})\n" +
+                    _RECORDS + body +
                     "os.kill(os.getpid(), signal.SIGKILL)\n")
-  # `env` runs this Python on the script, without loading TensorFlow.
-  process = trial_run.TrialProcess(["python", str(script)],
-                                   str(tmp_path / "trial-0"), "accuracy",
-                                   launcher=["env"])
-  outcome = process.run(lambda step, value: False, threading.Event(), 0.05)
-  assert (outcome.state, outcome.step, outcome.cause) == (
-      "KILLED", 200, "killed by SIGKILL at step 200: out of memory?")
+  process = trial_run.TrialProcess(["python", str(script)], str(model_dir),
+                                   "accuracy", launcher=["env"])
+  reported = []
+  outcome = process.run(lambda step, value: reported.append((step, value)),
+                        threading.Event(), poll_seconds)
+  return outcome, reported
+
+
+def test_a_trial_killed_by_sigkill_says_so(tmp_path):
+  outcome, reported = _killed_run(tmp_path, "row(100)\nrow(200)\n")
+  assert (outcome.state, outcome.value, outcome.step, outcome.cause) == (
+      "KILLED", None, 0, "killed by SIGKILL at step 200: out of memory?")
+  assert reported == []
   assert trial_run.killed_cause(signal.SIGSEGV, 3) == (
       "killed by SIGSEGV at step 3")
+
+
+def test_a_killed_trial_quotes_its_last_evaluation_and_reports_it(tmp_path):
+  # The sweep saw the evaluation of step 100; the one of step 200 came
+  # after its last poll, just before the kill, which came a loop later.
+  outcome, reported = _killed_run(tmp_path, (
+      "row(100)\nevaluated({100: 0.9917})\ntime.sleep(1.5)\n"
+      "row(200)\nevaluated({100: 0.9917, 200: 0.9889})\nrow(250)\n"),
+                                  poll_seconds=0.5)
+  # One pair, the record's last evaluation: in the outcome (the live
+  # line) and in what the study got (the table, results.csv).
+  assert (outcome.state, outcome.step, outcome.value) == (
+      "KILLED", 200, 0.9889)
+  assert reported == [(100, 0.9917), (200, 0.9889)]
+  assert outcome.cause == "killed by SIGKILL at step 250: out of memory?"
 
 
 class FakeProcess:
@@ -450,14 +494,14 @@ def test_a_lost_study_never_runs_a_trial_in_another_trials_directory(
   assert log.count("finished at step 40") == 1
 
 
-def _trainer_pid(model_dir, timeout=240):
-  """The pid of the run training in `model_dir` once it has saved its
-  first checkpoint (its lease names it)."""
-  log = os.path.join(model_dir, "sweep.log")
+def _evaluated_pid(model_dir, timeout=240):
+  """The pid of the run training in `model_dir` once it has recorded its
+  first evaluation (its lease names it)."""
+  record = os.path.join(model_dir, "eval", "evaluated.json")
   deadline = time.time() + timeout
-  while not (os.path.exists(log) and "ckpt-100" in open(log).read()):
-    assert time.time() < deadline, "no checkpoint in time"
-    time.sleep(0.1)
+  while not os.path.exists(record):
+    assert time.time() < deadline, "no evaluation in time"
+    time.sleep(0.05)
   with open(os.path.join(model_dir, ".trainer.lock")) as f:
     return json.load(f)["pid"]
 
@@ -469,26 +513,41 @@ def test_a_trial_killed_by_sigkill_is_resumed_by_the_rerun(tmp_path):
       sweep_dir, *TWO, "--gin_param=trainer.train_steps=300",
       "--gin_param=trainer.checkpoint_interval=100",
       "--gin_param=trainer.validation_interval=100")
-  first = subprocess.Popen([sys.executable, test_sweep.SWEEP_PY, *args],
-                           cwd=helpers.REPO_ROOT, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+  # Polls too far apart to see trial 0's evaluation before its kill: the
+  # sweep learns it only from the record, after the process is gone.
+  first = subprocess.Popen(
+      [sys.executable, test_sweep.SWEEP_PY, *args, "--poll_seconds=60"],
+      cwd=helpers.REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True)
   try:
     # The OOM killer's way: SIGKILL to the trial's process, not the sweep.
-    os.kill(_trainer_pid(os.path.join(sweep_dir, "trial-0")),
+    os.kill(_evaluated_pid(os.path.join(sweep_dir, "trial-0")),
             signal.SIGKILL)
     out, err = first.communicate(timeout=600)
   finally:
     if first.poll() is None:
       first.kill()
   assert first.returncode == 1, err[-3000:]
-  step = re.search(r"trial 0 KILLED \| accuracy \S+ \| step (\d+) \|",
-                   out).group(1)
-  assert err.strip().splitlines()[-1] == (
-      f"sweep.py: error: trial 0 killed by SIGKILL at step {step}: out of "
-      "memory?; rerun to resume it (retry 1 of 2).")
-  states = {row["trial"]: row["state"] for row in test_sweep.read_csv(
-      sweep_dir)}
-  assert states == {"0": "KILLED", "1": "COMPLETE"}
+  # The live line, the table and results.csv quote one pair: the step and
+  # accuracy of the trial's last recorded evaluation.
+  found = trial_run.evaluations(os.path.join(sweep_dir, "trial-0"),
+                                "accuracy")
+  step = max(found)
+  accuracy = f"{found[step]:.4f}"
+  lines = out.splitlines()
+  assert re.search(rf"^sweep \| trial 0 KILLED \| accuracy {accuracy} \| "
+                   rf"step {step} \| ", out, re.M), out
+  assert [line.split()[:4] for line in lines
+          if line.startswith("  0 ")] == [["0", "KILLED", accuracy,
+                                           str(step)]]
+  rows = {row["trial"]: row for row in test_sweep.read_csv(sweep_dir)}
+  assert (rows["0"]["state"], float(rows["0"]["accuracy"]),
+          rows["0"]["steps"]) == ("KILLED", found[step], str(step))
+  assert rows["1"]["state"] == "COMPLETE"
+  assert re.fullmatch(
+      r"sweep\.py: error: trial 0 killed by SIGKILL at step \d+: out of "
+      r"memory\?; rerun to resume it \(retry 1 of 2\)\.",
+      err.strip().splitlines()[-1])
   again = test_sweep.run_sweep(args)
   assert again.returncode == 0, again.stderr[-3000:]
   assert "sweep | trial 0 resume | " in again.stdout

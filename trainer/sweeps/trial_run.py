@@ -4,7 +4,9 @@ The sweep reads each evaluation back from the run's own record
 (`trainer.storage.evaluated`, which `trainer.actions.EvaluatedStepRecorder`
 writes after every evaluation) to feed Optuna's pruner, and stops a pruned
 run with SIGTERM, on which `train.py` saves a checkpoint and exits with its
-preemption code.
+preemption code. A killed run's step and metric come from its records too
+(its last evaluation; how far it got by its `metrics.csv`), never from its
+log lines, which a kill may leave ahead of both.
 """
 
 import dataclasses
@@ -18,6 +20,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
+from trainer.actions import metrics_csv
 from trainer.storage import evaluated
 from trainer.sweeps import warm
 
@@ -55,7 +58,8 @@ class Outcome:
       trial stays RUNNING, to be resumed) or KILLED (by a signal it could
       not handle, SIGKILL from the OOM killer most often).
     value: The metric at the last evaluation, or None.
-    step: The last step the process reported.
+    step: The last step the process reported; a KILLED run's last
+      evaluated step (that of `value`), from its record.
     seconds: The process's wall time.
     cause: A failure's one line (train.py's error line).
   """
@@ -131,6 +135,12 @@ def _total_steps(log_path: str, offset: int) -> Optional[int]:
   return None
 
 
+def _reached_step(model_dir: str, found: Dict[int, float]) -> int:
+  """How far a run got by its records: its last row in `metrics.csv` or
+  its last evaluation (`found`), whichever is later; 0 before either."""
+  return max([metrics_csv.last_step(model_dir) or 0, *found])
+
+
 def _evaluated_last_step(model_dir: str, metric: str,
                          total: Optional[int]) -> bool:
   """Whether the run has evaluated its last step (`total`)."""
@@ -187,7 +197,9 @@ class TrialProcess:
 
     Args:
       report: Called with each new evaluation's step and metric; returns
-        True when the trial should be pruned.
+        True when the trial should be pruned. Called too, once the process
+        has ended, for the evaluations it recorded after the last poll
+        (the verdict then ignored).
       stop: Set when the sweep stops: the process, unless `signal` passed it
         the sweep's signal, gets SIGTERM (it checkpoints), and the outcome
         is STOPPED, as it is when the process exits with its preemption
@@ -240,6 +252,16 @@ class TrialProcess:
       if pruned:
         break
     returncode = process.wait()
+    if not pruned:
+      # Evaluations recorded after the last poll (the run ended before
+      # the next): reported now, so that the study (the table, results.csv)
+      # holds the evaluation the outcome quotes. The process is gone: the
+      # pruner's verdict no longer matters.
+      for step, value in sorted(
+          evaluations(self._model_dir, self._metric).items()):
+        if step not in reported:
+          reported.add(step)
+          report(step, value)
     total = _total_steps(log_path, offset)
     finished = _evaluated_last_step(self._model_dir, self._metric, total)
     if pruned and finished:
@@ -287,8 +309,12 @@ class TrialProcess:
       # checkpoint saved, to be resumed.
       return Outcome(STOPPED, last, step, seconds)
     if returncode < 0:  # Killed by a signal it had no handler for.
-      return Outcome(KILLED, last, step, seconds,
-                     killed_cause(-returncode, step))
+      # Its last evaluation, step and metric, as the study has it; the
+      # cause says how far it got. Both from its records: its log's last
+      # step may be a loop's past that evaluation.
+      return Outcome(KILLED, last, max(found, default=0), seconds,
+                     killed_cause(-returncode,
+                                  _reached_step(self._model_dir, found)))
     if returncode != 0:
       return Outcome(FAIL, last, step, seconds, cause(lines, returncode))
     if last is None:
