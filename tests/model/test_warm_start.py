@@ -378,3 +378,77 @@ def test_bad_model_choices_are_one_line(settings, message):
 def test_one_model_in_a_list_is_that_model():
   config = warm_start.WarmStartConfig(checkpoint="runs/x", model=["teacher"])
   assert config.model == "teacher" and config.models == ("teacher",)
+
+
+def _save_weights(tmp_path):
+  """A digits model of weights 0.1 to 0.2 in size, either sign (no zeros),
+  saved by tf_keras's `model.save_weights(prefix)` (the model is the
+  checkpoint's root, read with `warm_start.checkpoint_key = ''`)."""
+  saved = digits.DigitsClassification().build_model()
+  rng = np.random.default_rng(0)
+  for variable in saved.weights:
+    variable.assign(rng.uniform(0.1, 0.2, variable.shape) *
+                    rng.choice([-1, 1], variable.shape))
+  prefix = str(tmp_path / "weights")
+  saved.save_weights(prefix)
+  return saved, prefix
+
+
+@pytest.mark.parametrize("modules", [(), ("conv1", "conv2")])
+def test_a_save_weights_checkpoint_is_read_at_its_root(tmp_path, modules):
+  saved, prefix = _save_weights(tmp_path)
+  model = digits.DigitsClassification().build_model()
+  initial = _weights(model)
+  assert warm_start.restore(model, warm_start.WarmStartConfig(
+      checkpoint=prefix, modules=modules, checkpoint_key="")) == prefix
+  theirs = _weights(saved)
+  for name, value in _weights(model).items():
+    taken = not modules or name.split("/")[0] in modules
+    np.testing.assert_array_equal(
+        value, (theirs if taken else initial)[name], err_msg=name)
+    assert taken or not np.array_equal(value, theirs[name])
+
+
+def test_a_save_weights_checkpoint_of_another_model_is_said_to_be_one(
+    tmp_path):
+  other = tf_keras.Sequential([tf_keras.Input((4,)),
+                               tf_keras.layers.Dense(3)])
+  prefix = str(tmp_path / "other")
+  other.save_weights(prefix)
+  with pytest.raises(trainer.ConfigError) as raised:
+    warm_start.restore(digits.DigitsClassification().build_model(),
+                       warm_start.WarmStartConfig(checkpoint=prefix,
+                                                  checkpoint_key=""))
+  assert str(raised.value) == (
+      f"warm start from {prefix}: its root holds a different model than "
+      "this one: their variables and shapes do not line up (the "
+      "checkpoint's 2: layer_with_weights-0/bias (3,), "
+      "layer_with_weights-0/kernel (4, 3); this model's 8: conv1/kernel "
+      "(3, 3, 1, 32), conv1/bias (32,), conv2/kernel (3, 3, 32, 64), ...).")
+
+
+@pytest.mark.slow  # About 12 s: a train.py run.
+def test_train_py_warm_starts_from_a_save_weights_checkpoint(tmp_path):
+  saved, prefix = _save_weights(tmp_path)
+  # One step at a rate too small to change a float32 weight of 0.1 or
+  # more: the checkpoint after it holds the weights the warm start set.
+  model_dir = tmp_path / "run"
+  result = helpers.run_cli([
+      "--gin_file=gin/digits.gin", f"--model_dir={model_dir}",
+      "--mode=train", "--gin_param=trainer.train_steps=1",
+      "--gin_param=trainer.steps_per_loop=1",
+      "--gin_param=trainer.summary_interval=1",
+      "--gin_param=trainer.checkpoint_interval=1",
+      "--gin_param=optimizer.learning_rate=1e-30",
+      f"--gin_param=warm_start.checkpoint='{prefix}'",
+      "--gin_param=warm_start.checkpoint_key=''"])
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert (f"warm start | the whole model from {prefix} (its root)"
+          in result.stdout.splitlines())
+  trained = digits.DigitsClassification().build_model()
+  tf.train.Checkpoint(model=trained).read(
+      str(model_dir / "ckpt-1")).expect_partial()
+  assert [v.name for v in trained.weights] == [v.name for v in saved.weights]
+  for ours, theirs in zip(trained.weights, saved.weights):
+    np.testing.assert_array_equal(ours.numpy(), theirs.numpy(),
+                                  err_msg=ours.name)

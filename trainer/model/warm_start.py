@@ -223,7 +223,8 @@ def _different_model(root, key: str, prefix: str, whole: bool,
   there = [f"{name[start:]} {_shape(shape)}" for name, shape in theirs.items()]
   here = [f"{variable.name.split(':')[0]} {_shape(variable.shape)}"
           for variable in ours.values()]
-  return (f"`{key}` there holds a different model than {whom}: their "
+  where = f"`{key}` there" if key else "its root"  # '': save_weights'.
+  return (f"{where} holds a different model than {whom}: their "
           f"variables and shapes do not line up (the checkpoint's "
           f"{len(there)}: {listed(there)}; this model's {len(here)}: "
           f"{listed(here)})")
@@ -251,6 +252,11 @@ def restore(model: tf_keras.Model, config: WarmStartConfig) -> Optional[str]:
   prefix = resolve_checkpoint(config.checkpoint)
   key = _source_key(config, prefix)
   root = _partial_graph(model, config.modules)
+  if root is model and not key:
+    # `model.save_weights`' checkpoint: the model is its root. A Keras
+    # model cannot read a checkpoint; a `tf.train.Checkpoint` holding its
+    # children (its layers, by their keys) reads them where it wrote them.
+    root = tf.train.Checkpoint(**_children(model))
   for name in reversed(key.split("/") if key else []):
     root = tf.train.Checkpoint(**{name: root})
   what = ", ".join(config.modules) or "the whole model"
@@ -264,7 +270,8 @@ def restore(model: tf_keras.Model, config: WarmStartConfig) -> Optional[str]:
     missing = _unmatched_variables(e)
     raise errors.ConfigError(
         f"warm start from {prefix}: {len(missing)} variable(s) of {what} "
-        f"have no value under `{key}` there: {', '.join(missing[:5])}"
+        f"have no value {f'under `{key}` there' if key else 'at its root'}"
+        f": {', '.join(missing[:5])}"
         f"{', ...' if len(missing) > 5 else ''}"
         f"{_several_models_hint(config, root, key, prefix)}.") from e
   except ValueError as e:
@@ -280,6 +287,7 @@ def restore(model: tf_keras.Model, config: WarmStartConfig) -> Optional[str]:
             f"the checkpoint {absent}" if absent else mismatch)
     raise errors.ConfigError(
         f"warm start from {prefix}: {mismatch}.") from e
-  source = f" (`{key}`)" if key != "model" else ""
+  source = ("" if key == "model" else f" (`{key}`)" if key else
+            " (its root)")
   console.info(f"warm start | {what} from {prefix}{source}")
   return prefix
