@@ -181,6 +181,20 @@ def test_a_metrics_csv_that_is_not_ours_is_refused_and_kept(tmp_path):
   assert path.read_text() == _FOREIGN
 
 
+def test_a_binary_file_is_refused_as_not_ours(tmp_path):
+  # Not UTF-8 text (a spreadsheet saved over it, say): refused like another
+  # program's CSV, not a UnicodeDecodeError.
+  path = tmp_path / "metrics.csv"
+  path.write_bytes(b"\xff\xfe\x00s\x00t\x00e\x00p")
+  with pytest.raises(trainer.ConfigError) as raised:
+    _csv(tmp_path)
+  assert str(raised.value) == (
+      f"{path} is not this framework's (its header is `<not UTF-8 text>`, "
+      "not `step,wall_time,split,...`), and training writes its own there: "
+      "move it away, or train in another --model_dir.")
+  assert path.read_bytes() == b"\xff\xfe\x00s\x00t\x00e\x00p"
+
+
 def test_a_metrics_csv_that_is_not_ours_stops_train_py_before_training(
     tmp_path):
   model_dir = tmp_path / "run"
