@@ -349,5 +349,6 @@ def _collected(exit_code: int) -> int:
 def _quiet_tensorflow() -> None:
   """Keeps what TensorFlow prints at start-up to what concerns the run."""
   tf_logs.keep_python_warnings_single()
+  tf_logs.route_keras_notices()
   tf_logs.apply_min_log_level_to_absl()
   tf_logs.probe_devices()

@@ -71,3 +71,36 @@ def test_abseil_lines_follow_tf_cpp_min_log_level(mode, heartbeat_lines):
   assert result.stdout.strip().endswith("done"), result.stderr[-2000:]
   assert ("Failed to heartbeat to dispatcher" in result.stderr) == (
       heartbeat_lines), result.stderr[-2000:]
+
+
+def test_keras_notices_about_the_model_are_warning_lines_once(monkeypatch,
+                                                              capsys):
+  # pylint: disable=g-import-not-at-top
+  import warnings
+  import tensorflow as tf
+  monkeypatch.setattr(tf.get_logger(), "filters", [])
+  shown = []  # What Python's warnings show without the routing.
+  monkeypatch.setattr(warnings, "showwarning",
+                      lambda message, *unused: shown.append(str(message)))
+  tf_logs.route_keras_notices()
+  tf_logs.route_keras_notices()  # A second call adds nothing.
+  for _ in range(2):  # The optimizer's, at each trace; Keras's functional's.
+    tf.get_logger().warning(
+        "Gradients do not exist for variables %s when minimizing the loss. "
+        "If you're using `model.compile()`, did you forget to provide a "
+        "`loss` argument?", ["pooler_transform/kernel:0"])
+    warnings.warn_explicit(
+        "Input dict contained keys ['label_ids'] which did not match any "
+        "model input. They will be ignored by the model.", UserWarning,
+        "functional.py", 641)
+  warnings.warn_explicit("another warning", UserWarning, "other.py", 1)
+  printed = capsys.readouterr()
+  assert printed.out.splitlines() == [
+      "warning | Gradients do not exist for variables "
+      "['pooler_transform/kernel:0']: the loss does not depend on them, so "
+      "they do not train",
+      "warning | Input dict contained keys ['label_ids'] which did not "
+      "match any model input: the model ignores them"]
+  assert printed.err == ""
+  # Other warnings are shown as before.
+  assert shown == ["another warning"]

@@ -17,7 +17,10 @@ mixed-precision compatibility block (four lines) into one;
 `condense_coordinator_logs` cuts the parameter-server coordinator's reports
 of failed steps to their first line; `apply_min_log_level_to_absl` makes
 `TF_CPP_MIN_LOG_LEVEL` (2 unless the user sets it) apply to the C++ lines
-TensorFlow logs through abseil too.
+TensorFlow logs through abseil too. `route_keras_notices` makes two of
+Keras's notices about the model (weights without gradients, input keys
+no input takes: a Model Garden BERT gets both) `warning |` lines, once
+each, instead of stderr lines.
 """
 
 import ctypes
@@ -26,6 +29,7 @@ import logging
 import os
 import sys
 import tempfile
+import warnings
 from typing import List
 
 import tensorflow as tf
@@ -155,3 +159,62 @@ def keep_python_warnings_single() -> None:
   logger.propagate = False
   if not any(isinstance(f, _CompatibilityToOneLine) for f in logger.filters):
     logger.addFilter(_CompatibilityToOneLine())
+
+
+# Keras's notices about the model, as it words them: the optimizer's (TF's
+# logger, each time a step is traced) and the functional model's (a Python
+# warning).
+_NO_GRADIENTS = "Gradients do not exist for variables "
+_NO_GRADIENTS_ADVICE = " when minimizing the loss."
+_UNUSED_INPUT_KEYS = "Input dict contained keys "
+
+
+def _said_once(seen: set, message: str) -> None:
+  if message not in seen:
+    seen.add(message)
+    console.warning(message)
+
+
+class _NoGradientsToLine(logging.Filter):
+  """Says the optimizer's "Gradients do not exist for variables [...]" once
+  per variable list, as a `warning |` line, without its advice for
+  `model.compile()` (no run here compiles a loss)."""
+
+  def __init__(self):
+    super().__init__()
+    self._seen = set()
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    if not message.startswith(_NO_GRADIENTS):
+      return True
+    variables = message[len(_NO_GRADIENTS):].split(_NO_GRADIENTS_ADVICE)[0]
+    _said_once(self._seen, f"{_NO_GRADIENTS}{variables}: the loss does not "
+               "depend on them, so they do not train")
+    return False
+
+
+def route_keras_notices() -> None:
+  """Says Keras's notices about the model once each as `warning |` lines:
+  weights without gradients (`_NoGradientsToLine`), and input dict keys
+  that match no input of a functional model (which ignores them). Other
+  Python warnings are shown as before."""
+  logger = tf.get_logger()
+  if not any(isinstance(f, _NoGradientsToLine) for f in logger.filters):
+    logger.addFilter(_NoGradientsToLine())
+  shown = warnings.showwarning
+  if getattr(shown, "routes_keras_notices", False):
+    return
+  seen = set()
+
+  def showwarning(message, category, filename, lineno, file=None,
+                  line=None):
+    text = str(message)
+    if text.startswith(_UNUSED_INPUT_KEYS):
+      _said_once(seen, text.split(" They will be ignored")[0].rstrip(".") +
+                 ": the model ignores them")
+      return
+    shown(message, category, filename, lineno, file, line)
+
+  showwarning.routes_keras_notices = True
+  warnings.showwarning = showwarning
