@@ -428,10 +428,10 @@ def test_a_sweep_varies_an_experiment_field_through_params_override():
 @pytest.mark.parametrize("binding,line", [
     ('model_garden_task.experiment="mokc"',
      "train.py: error: `model_garden_task.experiment`: no Model Garden "
-     "experiment 'mokc' is registered (did you mean 'mock'?); 1 is "
-     "registered (mock). An experiment is registered when its module is "
-     "imported: add its `import` line to the gin file (e.g. `import "
-     "official.vision.registry_imports`)."),
+     "experiment 'mokc' is registered (did you mean 'mock'?). An experiment "
+     "is registered when its module is imported: add its `import` line to "
+     "the gin file (`import official.common.registry_imports` registers all "
+     "of Model Garden's)."),
     ("model_garden_task.params_override='trainer.train_stepz=5'",
      "train.py: error: `model_garden_task.params_override`: Model Garden "
      "refuses it: KeyError: The key 'train_stepz' does not exist in <class "
@@ -450,19 +450,52 @@ def test_a_gin_file_that_imports_no_experiment_says_to_import_it(tmp_path):
   # Nothing of Model Garden is imported before gin locks the configuration:
   # the adapter's own first import of it must still work (a user's trial
   # got gin's "Attempted to add a new configurable after the config was
-  # locked" instead of this line).
+  # locked" instead of this line). Model Garden's NLP experiment: the line
+  # names the import that registers it (not official.vision's).
   (tmp_path / "no_import.gin").write_text(
       "experiment.task = @model_garden_task()\n"
-      'model_garden_task.experiment = "my_exp"\n')
+      'model_garden_task.experiment = "bert/sentence_prediction"\n')
   run = helpers.run_cli(["--gin_file=no_import.gin", "--model_dir=run"],
                         cwd=str(tmp_path))
   assert run.returncode == 2
   assert run.stderr.strip().splitlines()[-1] == (
-      "train.py: error: `model_garden_task.experiment`: no Model Garden "
-      "experiment 'my_exp' is registered; none is registered. An experiment "
-      "is registered when its module is imported: add its `import` line to "
-      "the gin file (e.g. `import official.vision.registry_imports`).")
+      "train.py: error: `model_garden_task.experiment`: Model Garden's "
+      "experiment 'bert/sentence_prediction' is not registered: add `import "
+      "official.common.registry_imports` to the gin file (an experiment is "
+      "registered when its module is imported).")
   assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name,line", [
+    ("image_classification",
+     "`model_garden_task.experiment`: Model Garden's experiment "
+     "'image_classification' is not registered: add `import "
+     "official.vision.registry_imports` to the gin file (an experiment is "
+     "registered when its module is imported)."),
+    ("bert/sentence_predicton",
+     "`model_garden_task.experiment`: no Model Garden experiment "
+     "'bert/sentence_predicton' is registered (did you mean "
+     "'bert/sentence_prediction', registered by `import "
+     "official.common.registry_imports`?). An experiment is registered when "
+     "its module is imported: add its `import` line to the gin file (`import "
+     "official.common.registry_imports` registers all of Model Garden's)."),
+    ("my_exp",
+     "`model_garden_task.experiment`: no Model Garden experiment 'my_exp' "
+     "is registered; 1 is registered (mock). An experiment is registered "
+     "when its module is imported: add its `import` line to the gin file "
+     "(`import official.common.registry_imports` registers all of Model "
+     "Garden's)."),
+])
+def test_an_unregistered_experiment_names_the_import_it_needs(
+    monkeypatch, name, line):
+  # What the gin file's imports registered (the mock alone) and what Model
+  # Garden's own modules register, as the adapter reads them.
+  monkeypatch.setattr(model_garden, "_registry", lambda: {"mock": None})
+  monkeypatch.setattr(model_garden, "_model_gardens_experiments", lambda: {
+      "mock": model_garden.ALL_EXPERIMENTS,
+      "image_classification": model_garden.VISION_EXPERIMENTS,
+      "bert/sentence_prediction": model_garden.ALL_EXPERIMENTS})
+  assert str(model_garden._unknown_experiment(name)) == line  # pylint: disable=protected-access
 
 
 def test_model_gardens_own_flags_say_where_they_go(tmp_path):
