@@ -250,3 +250,125 @@ def test_a_checkpoint_of_another_model_names_the_models_bindings():
       "in the checkpoint: a model of another shape cannot resume this run; "
       "train in a new --model_dir starting from the weights that fit: "
       "`warm_start.checkpoint = 'run/ckpt-100'` (and `warm_start.modules`).")
+
+
+def test_an_input_mismatch_names_the_input_s_bindings_that_changed():
+  error = errors.InputMismatch("checkpoint run/ckpt-100 holds the position "
+                               "of another training input pipeline (...)",
+                               "resume without that position (...)")
+  found = resume.mismatch(error, _resumed_with(
+      trainer__train_steps=("100", "200"), optimizer__learning_rate=(
+          "0.1", "0.2"), trainer__mixture_exhausted=("'repeat'", "'end'"),
+      Noisy__noise=("0.1", "0.2")))
+  assert str(found) == (
+      "checkpoint run/ckpt-100 holds the position of another training input "
+      "pipeline (...); changed since step 100: Noisy.noise 0.1 -> 0.2, "
+      "trainer.mixture_exhausted 'repeat' -> 'end': set them back, or resume "
+      "without that position (...).")
+  assert isinstance(found, errors.ConfigError)
+  # Nothing of the input changed in gin, or nothing to compare with.
+  assert resume.mismatch(error, _resumed_with(
+      trainer__train_steps=("100", "200"))) is error
+  assert resume.mismatch(error, None) is error
+  assert str(error) == ("checkpoint run/ckpt-100 holds the position of "
+                        "another training input pipeline (...): resume "
+                        "without that position (...).")
+
+
+_WARM_START = ("train in a new --model_dir starting from the weights: "
+               "`warm_start.checkpoint = '{dir}/ckpt-{step}'`.")
+
+
+@pytest.mark.parametrize("args, line", [
+    # A one-dataset checkpoint resumed by the mixture Task.
+    (["--gin_file=gin/digits_mixture.gin"],
+     "checkpoint {dir}/ckpt-20 holds the position of another training input "
+     "pipeline (TensorFlow cannot restore its iterator into this run's: it "
+     "fails at Iterator::Root::Prefetch::BatchV2::ForeverRepeat); changed "
+     "since step 20: DigitsMixture.noise (unused) -> 0.2, experiment.task "
+     "@DigitsClassification() -> @DigitsMixture(), trainer.mixture None -> "
+     "{{'clean': 0.7, 'perturbed': 0.3}}: set them back, or resume without "
+     "that position, with `trainer.input_position = \"skip\"` (this input "
+     "read anew, past the batches trained on; keep it for later resumes of "
+     "this run) or `\"restart\"` (this input from its first batch)."),
+    (["--gin_file=gin/features/ema.gin"],
+     "`ema.decay` changed since step 20 (None -> 0.99): checkpoint "
+     "{dir}/ckpt-20 was saved without EMA, which wraps the optimizer, and "
+     "EMA cannot be turned on or off on a resume; set it back to None, or "
+     + _WARM_START),
+    (["--gin_param=runtime.mixed_precision_dtype='float16'"],
+     "`runtime.mixed_precision_dtype` changed since step 20 ('float32' -> "
+     "'float16'): checkpoint {dir}/ckpt-20 holds no dynamic loss scale, "
+     "which float16 keeps in the optimizer's state; set it back to "
+     "'float32', or keep float16 with a fixed scale, which has no state "
+     "(`runtime.loss_scale = 1024`), or " + _WARM_START),
+])
+def test_a_change_of_input_ema_or_float16_is_named(trained, tmp_path, args,
+                                                   line):
+  snapshot = helpers.snapshot(trained)
+  model_dir = str(tmp_path / "run")
+  shutil.copytree(trained, model_dir)
+  finished = helpers.run_cli(_DIGITS + args + [
+      f"--model_dir={model_dir}", "--gin_param=trainer.train_steps=30"])
+  assert finished.returncode == 2, finished.stderr[-2000:]
+  assert finished.stderr.strip().splitlines()[-1] == (
+      "train.py: error: " + line.format(dir=model_dir, step=20))
+  assert "checkpoint | cannot restore" not in finished.stdout
+  assert helpers.snapshot(model_dir) == snapshot  # Nothing written.
+
+
+@pytest.fixture(scope="module")
+def mixed_with_ema(tmp_path_factory):
+  """A 10-step run of the digits mixture with EMA: its model_dir."""
+  model_dir = str(tmp_path_factory.mktemp("mixed") / "run")
+  finished = helpers.run_cli(_DIGITS + _MIXED_WITH_EMA + [
+      f"--model_dir={model_dir}", "--gin_param=trainer.train_steps=10"])
+  assert finished.returncode == 0, finished.stderr[-2000:]
+  return model_dir
+
+
+_MIXED_WITH_EMA = ["--gin_file=gin/digits_mixture.gin",
+                   "--gin_file=gin/features/ema.gin"]
+
+
+@pytest.mark.slow
+def test_a_changed_mixture_or_ema_turned_off_is_named_and_keeps_the_run(
+    mixed_with_ema, tmp_path):
+  snapshot = helpers.snapshot(mixed_with_ema)
+  model_dir = str(tmp_path / "run")
+  shutil.copytree(mixed_with_ema, model_dir)
+
+  def resumed(*args, train_steps=20):
+    return helpers.run_cli(_DIGITS + list(args) + [
+        f"--model_dir={model_dir}",
+        f"--gin_param=trainer.train_steps={train_steps}"])
+
+  exhausted = resumed(*_MIXED_WITH_EMA,
+                      "--gin_param=trainer.mixture_exhausted='end'")
+  assert exhausted.returncode == 2, exhausted.stderr[-2000:]
+  assert exhausted.stderr.strip().splitlines()[-1] == (
+      f"train.py: error: checkpoint {model_dir}/ckpt-10 holds the position "
+      "of another training input pipeline (TensorFlow cannot restore its "
+      "iterator into this run's: it fails at Iterator::Root::Prefetch::"
+      "BatchV2::ForeverRepeat[0]::Zip[0]::DirectedInterleave[0]::Shuffle); "
+      "changed since step 10: trainer.mixture_exhausted 'repeat' -> 'end': "
+      "set them back, or resume without that position, with "
+      "`trainer.input_position = \"skip\"` (this input read anew, past the "
+      "batches trained on; keep it for later resumes of this run) or "
+      "`\"restart\"` (this input from its first batch).")
+  assert "checkpoint | cannot restore" not in exhausted.stdout
+
+  without_ema = resumed("--gin_file=gin/digits_mixture.gin")
+  assert without_ema.returncode == 2, without_ema.stderr[-2000:]
+  assert without_ema.stderr.strip().splitlines()[-1] == (
+      "train.py: error: `ema.decay` changed since step 10 (0.99 -> None): "
+      f"checkpoint {model_dir}/ckpt-10 was saved with EMA, which wraps the "
+      "optimizer, and EMA cannot be turned on or off on a resume; set it "
+      "back to 0.99, or " + _WARM_START.format(dir=model_dir, step=10))
+  assert helpers.snapshot(model_dir) == snapshot  # Nothing written.
+
+  # It restores with its own settings (at its last step: nothing to train).
+  again = resumed(*_MIXED_WITH_EMA, train_steps=10)
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert f"restored checkpoint {model_dir}/ckpt-10 at step 10" in (
+      again.stdout.splitlines())

@@ -27,6 +27,22 @@ class CheckpointMismatch(ConfigError):
     self.names_way_out = names_way_out
 
 
+class InputMismatch(ConfigError):
+  """A checkpoint whose saved input position another input pipeline cannot
+  take (TensorFlow restores an iterator only into the pipeline it was saved
+  from); not damage: every older checkpoint of the run holds the same.
+
+  Attributes:
+    cause: What does not fit, naming the checkpoint.
+    way_out: How to resume anyway.
+  """
+
+  def __init__(self, cause: str, way_out: str):
+    super().__init__(f"{cause}: {way_out}.")
+    self.cause = cause
+    self.way_out = way_out
+
+
 class RunError(RuntimeError):
   """A run that cannot go on for a reason outside the configuration (a
   timeout, a directory gone); its message is one line, the exit code 1."""

@@ -149,7 +149,7 @@ def _build_and_run(task: task_lib.Task, mode: str, model_dir: str,
             input_stale_until=(resume.step if resume and resume.batch_sizes
                                else -1),
             directory_identity=identity)
-      except errors.CheckpointMismatch as e:
+      except (errors.CheckpointMismatch, errors.InputMismatch) as e:
         raise resume_lib.mismatch(e, resume) from e
       release(run_report.header(
           task_name=type(task).__name__, mode=mode, model_dir=model_dir,

@@ -21,7 +21,9 @@ take the restored step), evaluation and export settings.
 """
 
 import dataclasses
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
+
+import tensorflow as tf
 
 from trainer import build
 from trainer import errors
@@ -32,6 +34,8 @@ from trainer.storage import checkpoints
 # what a checkpoint holds: not suspects when a checkpoint does not fit.
 _FRAMEWORK = ("trainer", "optimizer", "learning_rate", "runtime", "ema",
               "export", "best_checkpoint", "early_stopping", "warm_start")
+# The framework's bindings (prefixes) that shape the training input pipeline.
+_INPUT = ("trainer.mixture", "runtime.dataset_")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,15 +100,16 @@ def compare(parts: build.Parts, restore_dir: str) -> Optional[Resume]:
   if not found or not step:
     return None
   old = config_changes.read(restore_dir)
+  changes = (config_changes.changes(old, config_changes.operative())
+             if old is not None else ())
+  # Read from the checkpoint, which decides (the configuration in model_dir
+  # may be a later run's, killed before its first save).
+  _refuse_other_wrappers(parts, found[0], step, changes)
   recorded = _recorded_batch_size(found[0])
   if old is None and recorded is None:
     return None
-  resume = Resume(
-      step, found[0],
-      config_changes.changes(old, config_changes.operative())
-      if old is not None else (),
-      recorded_batch_size=recorded,
-      batch_size=parts.config.global_batch_size)
+  resume = Resume(step, found[0], changes, recorded_batch_size=recorded,
+                  batch_size=parts.config.global_batch_size)
   for change in config_changes.named(resume.changes, "optimizer.name"):
     raise errors.ConfigError(
         f"`{change.binding}` changed since step {step} ({change.old} -> "
@@ -113,6 +118,58 @@ def compare(parts: build.Parts, restore_dir: str) -> Optional[Resume]:
         "or train in a new --model_dir starting from the weights: "
         f"`warm_start.checkpoint = '{resume.checkpoint}'`.")
   return resume
+
+
+def _refuse_other_wrappers(parts: build.Parts, path: str, step: int,
+                           changes: Tuple[config_changes.Change, ...]
+                           ) -> None:
+  """Refuses EMA turned on or off since checkpoint `path` (of `step`), and
+  a dynamic loss scale (float16) turned on: each wraps the optimizer, whose
+  state the checkpoint holds under other keys, or without the loss scale.
+  (A loss scale turned off is dropped: the rest restores.)
+
+  Raises:
+    errors.ConfigError: Naming the binding and the ways on.
+  """
+  try:
+    saved = [name for name, _ in tf.train.list_variables(path)]
+  except Exception:  # pylint: disable=broad-except
+    return  # Damaged: the restore passes over it.
+  ours = list(checkpoints.keyed_variables(parts.checkpoint))
+  weights = ("train in a new --model_dir starting from the weights: "
+             f"`warm_start.checkpoint = '{path}'`")
+  averaged = checkpoints.holds(saved, checkpoints.EMA)
+  if checkpoints.holds(ours, checkpoints.EMA) != averaged:
+    head, back = _changed(changes, ("ema.decay",), step,
+                          parts.config.ema.decay)
+    raise errors.ConfigError(
+        f"{head}: checkpoint {path} was saved "
+        f"{'with' if averaged else 'without'} EMA, which wraps the "
+        f"optimizer, and EMA cannot be turned on or off on a resume; {back}"
+        f"{weights}.")
+  if (checkpoints.holds(ours, checkpoints.LOSS_SCALE) and
+      not checkpoints.holds(saved, checkpoints.LOSS_SCALE)):
+    head, back = _changed(
+        changes, ("runtime.mixed_precision_dtype", "runtime.loss_scale"),
+        step, parts.runtime.mixed_precision_dtype)
+    raise errors.ConfigError(
+        f"{head}: checkpoint {path} holds no dynamic loss scale, which "
+        f"float16 keeps in the optimizer's state; {back}keep float16 with a "
+        "fixed scale, which has no state (`runtime.loss_scale = 1024`), or "
+        f"{weights}.")
+
+
+def _changed(changes: Tuple[config_changes.Change, ...],
+             bindings: Tuple[str, ...], step: int, value
+             ) -> Tuple[str, str]:
+  """`(what changed, the way back)` for the first of `bindings` that
+  changed since `step`, else for the first, at this run's `value` (the
+  configuration of the checkpoint's run is not known)."""
+  for binding in bindings:
+    for change in config_changes.named(changes, binding):
+      return (f"`{change.binding}` changed since step {step} ({change.old} "
+              f"-> {change.new})", f"set it back to {change.old}, or ")
+  return f"`{bindings[0]}` is {value!r} in this run", ""
 
 
 def _recorded_batch_size(path: str) -> Optional[int]:
@@ -124,11 +181,14 @@ def _recorded_batch_size(path: str) -> Optional[int]:
     return None
 
 
-def mismatch(error: errors.CheckpointMismatch,
+def mismatch(error: Union[errors.CheckpointMismatch, errors.InputMismatch],
              resume: Optional[Resume]) -> errors.ConfigError:
-  """`error` (a checkpoint that does not fit the model), with the bindings
-  of the model that changed since it was saved and the way out (unless it
-  says one already: a model added since the checkpoint)."""
+  """`error` (a checkpoint that does not fit the model, or its input position
+  the input pipeline), with the bindings of the model (or the input) that
+  changed since it was saved and the way out (unless it says one already: a
+  model added since the checkpoint)."""
+  if isinstance(error, errors.InputMismatch):
+    return _input_mismatch(error, resume)
   if resume is None or error.names_way_out:
     return error
   suspects = [str(change) for change in resume.changes
@@ -142,6 +202,20 @@ def mismatch(error: errors.CheckpointMismatch,
       f"resume this run; {back} in a new --model_dir starting from the "
       f"weights that fit: `warm_start.checkpoint = '{resume.checkpoint}'` "
       "(and `warm_start.modules`).")
+
+
+def _input_mismatch(error: errors.InputMismatch,
+                    resume: Optional[Resume]) -> errors.ConfigError:
+  """`error`, with the bindings that may have changed the input pipeline
+  since the checkpoint: the Task's and the mixture's."""
+  suspects = [str(change) for change in (resume.changes if resume else ())
+              if change.unscoped.split(".")[0] not in _FRAMEWORK or
+              change.unscoped.startswith(_INPUT)]
+  if not suspects:
+    return error
+  return errors.ConfigError(
+      f"{error.cause}; changed since step {resume.step}: "
+      f"{', '.join(suspects)}: set them back, or {error.way_out}.")
 
 
 def rebase_input(parts: build.Parts, resume: Optional[Resume]

@@ -9,6 +9,7 @@ import tensorflow as tf
 import tf_keras
 
 import trainer
+from trainer import errors
 from trainer import experiment
 from trainer.storage import checkpoint_verify
 from trainer.storage import checkpoints
@@ -260,6 +261,78 @@ def test_a_checkpoint_without_input_position_restores_the_rest(tmp_path,
                           head=tf.Variable(0.0)), str(tmp_path), 3)
   with pytest.raises(trainer.ConfigError, match="does not fit this model"):
     checkpoints.restore(other)
+
+
+def _saved_with_input(directory, dataset, steps):
+  """Saves `ckpt-<step>` for each of `steps`, with an iterator of
+  `dataset` read one element further each time."""
+  iterator = iter(dataset)
+  step = tf.Variable(0, dtype=tf.int64)
+  manager = tf.train.CheckpointManager(
+      tf.train.Checkpoint(global_step=step,
+                          **{checkpoints.INPUT_POSITION: iterator}),
+      directory, 5)
+  for number in steps:
+    next(iterator)
+    step.assign(number)
+    manager.save(checkpoint_number=number)
+
+
+def _manager_with_input(directory, dataset):
+  return tf.train.CheckpointManager(
+      tf.train.Checkpoint(global_step=tf.Variable(0, dtype=tf.int64),
+                          **{checkpoints.INPUT_POSITION: iter(dataset)}),
+      directory, 5)
+
+
+def test_an_input_position_of_another_pipeline_is_one_error_not_damage(
+    tmp_path, capsys):
+  directory = str(tmp_path)
+  _saved_with_input(directory, tf.data.Dataset.range(10).shuffle(4, seed=1),
+                    (10, 20))
+  before = helpers.snapshot(directory)
+  # The same elements through another pipeline: no shuffle.
+  with pytest.raises(errors.InputMismatch) as raised:
+    checkpoints.restore(_manager_with_input(directory,
+                                            tf.data.Dataset.range(10)))
+  assert str(raised.value) == (
+      f"checkpoint {directory}/ckpt-20 holds the position of another "
+      "training input pipeline (TensorFlow cannot restore its iterator into "
+      "this run's: it fails at Iterator::Root::Prefetch::Range): resume "
+      "without that position, with `trainer.input_position = \"skip\"` (this "
+      "input read anew, past the batches trained on; keep it for later "
+      "resumes of this run) or `\"restart\"` (this input from its first "
+      "batch).")
+  # Not tried as damage: no older checkpoint, nothing renamed.
+  assert "cannot restore" not in capsys.readouterr().out
+  assert helpers.snapshot(directory) == before
+  # Still restorable by the pipeline it was saved from.
+  assert checkpoints.restore(_manager_with_input(
+      directory, tf.data.Dataset.range(10).shuffle(4, seed=1))) == (
+          f"{directory}/ckpt-20")
+
+
+def test_a_damaged_input_position_still_falls_back(tmp_path, capsys):
+  directory = str(tmp_path)
+  dataset = tf.data.Dataset.range(10).shuffle(4, seed=1)
+  _saved_with_input(directory, dataset, (10, 20))
+  _flip_bytes(os.path.join(directory, "ckpt-20"))
+  assert checkpoints.restore(_manager_with_input(directory, dataset)) == (
+      f"{directory}/ckpt-10")
+  assert (f"checkpoint | restored {directory}/ckpt-10 instead of the "
+          "damaged ckpt-20 (kept as ckpt-20-damaged)"
+          in capsys.readouterr().out)
+
+
+def test_the_optimizer_wrappers_a_checkpoint_holds_are_read_off_its_keys():
+  keys = ["optimizer/ema_base_optimizer/beta_1",
+          "model/dense/kernel/.OPTIMIZER_SLOT/optimizer/average",
+          "optimizer/loss_scale/good_steps"]
+  assert checkpoints.holds(keys, checkpoints.EMA)
+  assert checkpoints.holds(keys[2:], checkpoints.LOSS_SCALE)
+  assert not checkpoints.holds(keys[1:], checkpoints.EMA)
+  assert not checkpoints.holds(["optimizer/loss_scales/x"],
+                               checkpoints.LOSS_SCALE)
 
 
 def test_a_checkpoint_saved_before_batch_sizes_were_recorded_restores(

@@ -361,6 +361,8 @@ def restore(manager: tf.train.CheckpointManager,
   Raises:
     errors.CheckpointMismatch: If the checkpoint belongs to a different
       model.
+    errors.InputMismatch: If its input position is another input
+      pipeline's.
     errors.ConfigError: If no listed checkpoint could be restored.
   """
   paths = [path] if path else candidates(directory or manager.directory)
@@ -386,6 +388,7 @@ def restore(manager: tf.train.CheckpointManager,
       return candidate
     except Exception as e:  # pylint: disable=broad-except
       _raise_if_another_models(manager.checkpoint, candidate, e)
+      _raise_if_another_input(candidate, e)
       first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
       console.info(f"checkpoint | cannot restore {candidate} "
                    f"({type(e).__name__}: {first_line[:200]})")
@@ -427,6 +430,47 @@ def _raise_if_another_models(checkpoint: tf.train.Checkpoint, path: str,
     raise errors.CheckpointMismatch(
         f"checkpoint {path} does not fit this model: {mismatch}.",
         names_way_out=names_way_out) from error
+
+
+# What TensorFlow says where a saved iterator does not fit the pipeline it
+# is restored into, after the node where it stopped.
+_ANOTHER_PIPELINE = re.compile(
+    r"Failed to restore dataset iterator from checkpoint: (\S+?)\.? Make "
+    r"sure the dataset definition has not changed")
+
+
+def _raise_if_another_input(path: str, error: Exception) -> None:
+  """Raises where `path` failed to restore (`error`) because its input
+  position was saved from another input pipeline: not damage (its checksums
+  were checked first), and the older checkpoints hold the same pipeline's.
+
+  Raises:
+    errors.InputMismatch: Naming the pipeline as the cause and the ways on.
+  """
+  match = _ANOTHER_PIPELINE.search(str(error))
+  if not match:
+    return
+  raise errors.InputMismatch(
+      f"checkpoint {path} holds the position of another training input "
+      f"pipeline (TensorFlow cannot restore its iterator into this run's: "
+      f"it fails at {match.group(1)})",
+      "resume without that position, with `trainer.input_position = \"skip\"` (this "
+      "input read anew, past the batches trained on; keep it for later "
+      "resumes of this run) or `\"restart\"` (this input from its first "
+      "batch)") from error
+
+
+# The names under which a checkpoint holds an optimizer's wrappers: Model
+# Garden's EMA keeps the optimizer it wraps as `ema_base_optimizer`, and
+# tf_keras's LossScaleOptimizer its dynamic loss scale as `loss_scale`.
+EMA = "ema_base_optimizer"
+LOSS_SCALE = "loss_scale"
+
+
+def holds(keys: Sequence[str], name: str) -> bool:
+  """Whether one of checkpoint `keys` (`optimizer/loss_scale/good_steps`)
+  passes through an object saved as `name`."""
+  return any(name in key.split("/") for key in keys)
 
 
 # The name under which a checkpoint holds the training input's iterator.
