@@ -317,6 +317,21 @@ def test_a_change_of_input_ema_or_float16_is_named(trained, tmp_path, args,
   assert helpers.snapshot(model_dir) == snapshot  # Nothing written.
 
 
+def test_an_evaluation_with_ema_of_a_checkpoint_without_is_refused(trained):
+  # It evaluated averages left at the initial weights: accuracy 0.0977.
+  finished = helpers.run_cli([
+      "--gin_file=gin/digits.gin", "--gin_file=gin/features/ema.gin",
+      "--mode=eval", "--gin_param=trainer.validation_steps=1",
+      f"--model_dir={trained}"])
+  assert finished.returncode == 2, finished.stderr[-2000:]
+  assert finished.stderr.strip().splitlines()[-1] == (
+      f"train.py: error: checkpoint {trained}/ckpt-20 holds no weight "
+      "averages (saved without EMA), which this evaluation, with "
+      "`ema.decay` set, evaluates: they would be the weights the model was "
+      "built with; evaluate it without `ema.decay`.")
+  assert "eval |" not in finished.stdout
+
+
 @pytest.fixture(scope="module")
 def mixed_with_ema(tmp_path_factory):
   """A 10-step run of the digits mixture with EMA: its model_dir."""

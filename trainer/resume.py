@@ -135,11 +135,10 @@ def _refuse_other_wrappers(parts: build.Parts, path: str, step: int,
     saved = [name for name, _ in tf.train.list_variables(path)]
   except Exception:  # pylint: disable=broad-except
     return  # Damaged: the restore passes over it.
-  ours = list(checkpoints.keyed_variables(parts.checkpoint))
   weights = ("train in a new --model_dir starting from the weights: "
              f"`warm_start.checkpoint = '{path}'`")
   averaged = checkpoints.holds(saved, checkpoints.EMA)
-  if checkpoints.holds(ours, checkpoints.EMA) != averaged:
+  if checkpoints.tracks(parts.checkpoint, checkpoints.EMA) != averaged:
     head, back = _changed(changes, ("ema.decay",), step,
                           parts.config.ema.decay)
     raise errors.ConfigError(
@@ -147,7 +146,7 @@ def _refuse_other_wrappers(parts: build.Parts, path: str, step: int,
         f"{'with' if averaged else 'without'} EMA, which wraps the "
         f"optimizer, and EMA cannot be turned on or off on a resume; {back}"
         f"{weights}.")
-  if (checkpoints.holds(ours, checkpoints.LOSS_SCALE) and
+  if (checkpoints.tracks(parts.checkpoint, checkpoints.LOSS_SCALE) and
       not checkpoints.holds(saved, checkpoints.LOSS_SCALE)):
     head, back = _changed(
         changes, ("runtime.mixed_precision_dtype", "runtime.loss_scale"),

@@ -335,6 +335,34 @@ def test_the_optimizer_wrappers_a_checkpoint_holds_are_read_off_its_keys():
                                checkpoints.LOSS_SCALE)
 
 
+def test_an_evaluation_with_ema_refuses_a_checkpoint_without_averages(
+    tmp_path):
+  directory = str(tmp_path)
+  weights = tf.Variable([1.0, 2.0])
+  tf.train.CheckpointManager(tf.train.Checkpoint(model=weights), directory,
+                             3).save(checkpoint_number=7)
+  # An evaluation's EMA optimizer has made no variable yet.
+  averaging = tf.train.Checkpoint(
+      model=tf.Variable([0.0, 0.0]),
+      optimizer=tf.train.Checkpoint(**{checkpoints.EMA: tf.train.Checkpoint()}))
+  assert checkpoints.tracks(averaging, checkpoints.EMA)
+  assert not checkpoints.tracks(averaging, checkpoints.LOSS_SCALE)
+  with pytest.raises(trainer.ConfigError) as raised:
+    checkpoints.restore(tf.train.CheckpointManager(averaging, directory, 3),
+                        partial=True)
+  assert str(raised.value) == (
+      f"checkpoint {directory}/ckpt-7 holds no weight averages (saved "
+      "without EMA), which this evaluation, with `ema.decay` set, evaluates: "
+      "they would be the weights the model was built with; evaluate it "
+      "without `ema.decay`.")
+  # Without EMA it evaluates the weights.
+  plain = tf.Variable([0.0, 0.0])
+  assert checkpoints.restore(tf.train.CheckpointManager(
+      tf.train.Checkpoint(model=plain), directory, 3), partial=True) == (
+          f"{directory}/ckpt-7")
+  assert plain.numpy().tolist() == [1.0, 2.0]
+
+
 def test_a_checkpoint_saved_before_batch_sizes_were_recorded_restores(
     tmp_path):
   weights = tf.Variable([1.0, 2.0])

@@ -363,7 +363,8 @@ def restore(manager: tf.train.CheckpointManager,
       model.
     errors.InputMismatch: If its input position is another input
       pipeline's.
-    errors.ConfigError: If no listed checkpoint could be restored.
+    errors.ConfigError: If no listed checkpoint could be restored, or a
+      partial restore with EMA finds a checkpoint without.
   """
   paths = [path] if path else candidates(directory or manager.directory)
   if not paths:
@@ -374,6 +375,8 @@ def restore(manager: tf.train.CheckpointManager,
       directory or manager.directory) == os.path.abspath(manager.directory)
   failures = []
   for candidate in paths:
+    if partial:
+      _refuse_averages_it_lacks(manager.checkpoint, candidate)
     try:
       with_input = number(candidate) > input_stale_until
       if not _restore_one(manager.checkpoint, candidate, partial,
@@ -471,6 +474,45 @@ def holds(keys: Sequence[str], name: str) -> bool:
   """Whether one of checkpoint `keys` (`optimizer/loss_scale/good_steps`)
   passes through an object saved as `name`."""
   return any(name in key.split("/") for key in keys)
+
+
+def tracks(root, name: str) -> bool:
+  """Whether `root` holds an object under `name`, at any depth: what a save
+  would name so (`holds`), even before its variables exist (an evaluation's
+  optimizer makes none)."""
+  seen, queue = {id(root)}, [root]
+  for obj in queue:
+    if isinstance(obj, tf.Variable):
+      continue
+    for child_name, child in tf.train.TrackableView(obj).children(
+        obj).items():
+      if child_name == name:
+        return True
+      if id(child) not in seen:
+        seen.add(id(child))
+        queue.append(child)
+  return False
+
+
+def _refuse_averages_it_lacks(checkpoint: tf.train.Checkpoint,
+                              path: str) -> None:
+  """Refuses to evaluate with EMA a checkpoint `path` saved without: a
+  partial restore would leave the averages, which the evaluation uses, at
+  the weights the model was built with.
+
+  Raises:
+    errors.ConfigError: Naming `ema.decay`.
+  """
+  try:
+    saved = [name for name, _ in tf.train.list_variables(path)]
+  except Exception:  # pylint: disable=broad-except
+    return  # Damaged: the restore passes over it.
+  if tracks(checkpoint, EMA) and not holds(saved, EMA):
+    raise errors.ConfigError(
+        f"checkpoint {path} holds no weight averages (saved without EMA), "
+        "which this evaluation, with `ema.decay` set, evaluates: they would "
+        "be the weights the model was built with; evaluate it without "
+        "`ema.decay`.")
 
 
 # The name under which a checkpoint holds the training input's iterator.
