@@ -251,10 +251,13 @@ def test_a_checkpoint_without_input_position_restores_the_rest(tmp_path,
   assert restored_weights.numpy().tolist() == [1.0, 2.0]
   assert int(restored_step.numpy()) == 7
   assert int(next(iterator).numpy()) == 0  # From the start.
-  assert ("input | ckpt-7 holds no input position (saved where none can be "
-          "checkpointed: parameter servers, several workers, the tf.data "
-          "service): the training input starts from its first batch"
-          in capsys.readouterr().out)
+  # A run resumed with "skip" saves none either: the line says so.
+  assert ("input | ckpt-7 holds no input position (its run checkpointed "
+          "none: parameter servers, several workers, the tf.data service, "
+          "`trainer.input_position` \"skip\" or \"restart\"): the training "
+          "input starts from its first batch; `trainer.input_position = "
+          "\"skip\"` skips the batches trained on instead"
+          in capsys.readouterr().out.splitlines())
   # Anything else missing is still a model mismatch.
   other = tf.train.CheckpointManager(
       tf.train.Checkpoint(model=restored_weights, global_step=restored_step,

@@ -383,9 +383,11 @@ def restore(manager: tf.train.CheckpointManager,
                           with_input) and with_input:
         console.info(
             f"input | {os.path.basename(candidate)} holds no input position "
-            "(saved where none can be checkpointed: parameter servers, "
-            "several workers, the tf.data service): the training input "
-            "starts from its first batch")
+            "(its run checkpointed none: parameter servers, several workers, "
+            "the tf.data service, `trainer.input_position` \"skip\" or "
+            "\"restart\"): the training input starts from its first batch; "
+            "`trainer.input_position = \"skip\"` skips the batches trained "
+            "on instead")
       if failures:
         _say_restored_instead(candidate, failures, owned)
       return candidate
