@@ -18,7 +18,6 @@ one line naming what works (`tasks.keras_versions`).
 """
 
 import collections
-import inspect
 from typing import Any, Callable, Dict, Optional, Sequence, Union
 
 import gin
@@ -26,6 +25,7 @@ import tensorflow as tf
 import tf_keras
 
 import trainer
+from tasks import data_functions
 from tasks import keras_compile
 from tasks import keras_versions
 from tasks import tfds_inputs
@@ -80,7 +80,9 @@ class KerasModelTask(trainer.Task):
       train_data: A function returning the training `tf.data.Dataset` of
         single `(x, y)` or `(x, y, sample_weight)` examples, unbatched (the
         framework batches by `trainer.global_batch_size` and repeats it);
-        it may take the `tf.distribute.InputContext` to shard by itself.
+        it may take the `tf.distribute.InputContext` to shard by itself,
+        in a parameter named `input_context` or annotated with the type
+        (other parameters, `training`, are gin's: `@train/my_data`).
       eval_data: The same for evaluation (read once per evaluation, partial
         last batch kept), or a dict of them by set name
         (`{"clean": @clean_data, "noisy": @noisy_data}`).
@@ -219,11 +221,11 @@ class KerasModelTask(trainer.Task):
   def _examples(self, name: str, function: DataFn, training: bool,
                 input_context: Optional[tf.distribute.InputContext]
                 ) -> tf.data.Dataset:
-    """Calls a data function (with the input context where it takes one,
-    else sharding what it returns) and checks its examples."""
-    takes_context = bool(_parameters(function))
-    dataset = graph_code.user_code(function)(
-        *([input_context] if takes_context else []))
+    """Calls a data function (with the input context where it has a
+    parameter for it, else sharding what it returns) and checks its
+    examples."""
+    dataset = data_functions.call(f"{NAME}.{name}", function, input_context)
+    takes_context = data_functions.context_parameter(function) is not None
     what = f"`{NAME}.{name}` ({getattr(function, '__name__', 'function')})"
     if not isinstance(dataset, tf.data.Dataset):
       raise errors.ConfigTypeError(
@@ -303,13 +305,6 @@ def _unweighted(labels):
   if isinstance(labels, Weighted):
     return labels.labels, labels.sample_weight
   return labels, None
-
-
-def _parameters(function: Callable) -> list:
-  try:
-    return list(inspect.signature(function).parameters)
-  except (TypeError, ValueError):
-    return []
 
 
 def _structure(spec) -> str:
