@@ -18,6 +18,8 @@ one line naming what works (`tasks.keras_versions`).
 """
 
 import collections
+import zipfile
+import zlib
 from typing import Any, Callable, Dict, Optional, Sequence, Union
 
 import gin
@@ -38,6 +40,11 @@ NAME = "KerasModelTask"
 # becomes (tf.data keeps namedtuples), so the loss and metrics weigh it.
 Weighted = collections.namedtuple("Weighted", ["labels", "sample_weight"])
 DataFn = Callable[..., tf.data.Dataset]
+# What reading a damaged `.keras` file (a zip archive) raises: a checksum
+# that does not match, a broken archive, compressed bytes that do not
+# inflate. None of them is a model tf_keras cannot read, so none is said as
+# one.
+_DAMAGED = (zipfile.BadZipFile, zlib.error)
 
 
 @gin.configurable
@@ -319,11 +326,13 @@ def _load(path: str) -> tf_keras.Model:
   """Loads a model saved by tf_keras (checked by `check_model_file`).
 
   Raises:
-    errors.ConfigError: Where the file holds no model tf_keras can load,
-      with tf_keras's reason.
+    errors.ConfigError: Where the file is damaged, or holds no model
+      tf_keras can load, with tf_keras's reason.
   """
   try:
     model = tf_keras.models.load_model(path, compile=False)
+  except _DAMAGED as e:
+    raise errors.ConfigError(_damaged(f"{NAME}.model_file", path, e)) from e
   except (ValueError, TypeError, OSError, KeyError, AttributeError,
           tf.errors.OpError) as e:
     raise errors.ConfigError(
@@ -342,12 +351,19 @@ def _first_line(error: BaseException) -> str:
   return text.splitlines()[0] if text else type(error).__name__
 
 
+def _damaged(setting: str, path: str, error: BaseException) -> str:
+  return (f"`{setting}` ({path}) is damaged ({_first_line(error)}: its "
+          "bytes changed after it was saved): save the model again, or give "
+          "an intact copy.")
+
+
 def _set_weights(model: tf_keras.Model, path: str) -> None:
   """Puts the weights of `path` into `model`: by tf_keras, or, for a file
   saved by Keras 3, by Keras 3's own reading, copied in order.
 
   Raises:
-    errors.ConfigError: Where they do not fit the model.
+    errors.ConfigError: Where they do not fit the model, or the file is
+      damaged.
   """
   version = keras_versions.saved_by(path)
   try:
@@ -362,6 +378,9 @@ def _set_weights(model: tf_keras.Model, path: str) -> None:
       model.set_weights(weights)
     else:
       model.load_weights(path)
+  except _DAMAGED as e:
+    raise errors.ConfigError(
+        _damaged(f"{NAME}.initial_weights", path, e)) from e
   except (ValueError, TypeError, OSError, KeyError,
           tf.errors.OpError) as e:
     raise errors.ConfigError(

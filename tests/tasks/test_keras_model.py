@@ -3,6 +3,8 @@ them, checked against tf_keras's `Model.fit` on the digits; Keras 3 models
 and files refused in one line naming the route that works, and that route
 checked."""
 
+import zipfile
+
 import gin
 import numpy as np
 import pytest
@@ -458,6 +460,66 @@ def test_a_model_file_that_holds_no_model(tmp_path):
         rf"^`KerasModelTask.model_file` \({path}\) holds no model tf_keras "
         rf"can load: .*{reason}")):
       task.build_model()
+
+
+def _damaged_copy(path: str, member: str) -> str:
+  """A copy of the `.keras` file at `path` with 4 bytes flipped in the
+  middle of `member`'s stored bytes (the archive stores them as they are)."""
+  with zipfile.ZipFile(path) as archive:
+    info = archive.getinfo(member)
+  assert info.compress_type == zipfile.ZIP_STORED
+  data = bytearray(open(path, "rb").read())
+  # The local header: 30 bytes, the name and the extra field.
+  start = (info.header_offset + 30 + len(info.filename.encode()) +
+           int.from_bytes(data[info.header_offset + 28:
+                               info.header_offset + 30], "little"))
+  middle = start + info.compress_size // 2
+  data[middle:middle + 4] = bytes(b ^ 0xFF for b in data[middle:middle + 4])
+  damaged = path.replace(".keras", f"_{member.split('.')[0]}.keras")
+  with open(damaged, "wb") as f:
+    f.write(data)
+  return damaged
+
+
+@pytest.mark.slow  # train.py up to the model's build: about 8 s here.
+def test_a_damaged_model_file_is_one_line_exit_2(tmp_path):
+  # Before: exit 1 with `train.py: error: in h5py.h5fd.H5FD_fileobj_get_eof
+  # (h5py/h5fd.pyx:151, called from build_model): BadZipFile: Bad CRC-32
+  # for file 'model.weights.h5'`.
+  path = str(tmp_path / "model.keras")
+  keras_digits.digits_keras_model().save(path)
+  damaged = _damaged_copy(path, "model.weights.h5")
+  result = helpers.run_cli([
+      "--gin_file=gin/keras_model.gin",
+      "--gin_param=KerasModelTask.model = None",
+      f"--gin_param=KerasModelTask.model_file = '{damaged}'",
+      f"--model_dir={tmp_path / 'run'}"])
+  assert result.returncode == 2, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines() == [
+      f"train.py: error: `KerasModelTask.model_file` ({damaged}) is damaged "
+      "(Bad CRC-32 for file 'model.weights.h5': its bytes changed after it "
+      "was saved): save the model again, or give an intact copy."]
+  assert not (tmp_path / "run").exists()
+
+
+def test_damaged_model_and_weights_files_are_one_line(tmp_path):
+  path = str(tmp_path / "model.keras")
+  keras_digits.digits_keras_model().save(path)
+  damaged = _damaged_copy(path, "config.json")
+  with pytest.raises(errors.ConfigError) as raised:
+    _task(model=None, model_file=damaged).build_model()
+  assert str(raised.value) == (
+      f"`KerasModelTask.model_file` ({damaged}) is damaged (Bad CRC-32 for "
+      "file 'config.json': its bytes changed after it was saved): save the "
+      "model again, or give an intact copy.")
+  damaged = _damaged_copy(path, "model.weights.h5")
+  task = _task(initial_weights=damaged)
+  with pytest.raises(errors.ConfigError) as raised:
+    task.initialize(task.build_model())
+  assert str(raised.value) == (
+      f"`KerasModelTask.initial_weights` ({damaged}) is damaged (Bad CRC-32 "
+      "for file 'model.weights.h5': its bytes changed after it was saved): "
+      "save the model again, or give an intact copy.")
 
 
 @pytest.mark.parametrize("binding,line", [
