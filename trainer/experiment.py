@@ -220,7 +220,8 @@ def _resume(parts: build.Parts, step: int,
   line = resume.line() if resume else None
   if line and parts.worker.is_chief:
     console.info(line)
-  rebased = resume_lib.rebase_input(parts, resume)
+  rebased = (resume_lib.rebase_input(parts, resume) or
+             resume_lib.remix_input(parts, resume))
   if rebased:
     console.info(rebased)
   elif parts.resume_input_fn is not None:

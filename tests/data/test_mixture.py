@@ -420,6 +420,29 @@ def test_skip_and_restart_find_their_place_in_a_mixture(mixed_cli, tmp_path):
       assert difference > 1e-4
 
 
+@pytest.mark.slow
+def test_rates_changed_at_a_resume_hold_from_the_resumed_step(mixed_cli,
+                                                              tmp_path):
+  import helpers  # pylint: disable=g-import-not-at-top
+  model_dir = tmp_path / "run"
+  first = mixed_cli(model_dir, 20)
+  assert first.finish() == 0, first.stderr[-2000:]
+  resumed = mixed_cli(model_dir, 40,
+                      'trainer.mixture={"clean": 1.0, "shifted": 0.0}')
+  assert resumed.finish() == 0, resumed.stderr[-2000:]
+  # No shifted example in steps 21-40: the checkpoint's prefetched batches
+  # and drawn block (0.3 shifted) were trained on for ~48 steps before.
+  shares = helpers.read_scalars(str(model_dir / "train"))["mixture/shifted"]
+  assert [(step, share) for step, share in shares if step > 20] == [
+      (30, 0.0), (40, 0.0)]
+  assert all(share > 0.1 for step, share in shares if step <= 20), shares
+  assert ("input | resuming with the mixture changed (trainer.mixture): the "
+          "new rates hold from step 21; skips the 20 batch(es) trained on "
+          "before in a mixture rebuilt at them, in place of the "
+          "checkpoint's, whose buffered draws are at the old rates"
+          in resumed.output.splitlines()), resumed.output[-2000:]
+
+
 _BAD = [
     ("a rate for a source not returned",
      ['trainer.mixture={"clean": 0.7, "shifted": 0.2, "extra": 0.1}'],
