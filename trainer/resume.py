@@ -28,8 +28,6 @@ take the restored step), evaluation and export settings.
 import dataclasses
 from typing import Optional, Tuple, Union
 
-import tensorflow as tf
-
 from trainer import build
 from trainer import errors
 from trainer.report import config_changes
@@ -139,9 +137,8 @@ def _refuse_other_wrappers(parts: build.Parts, path: str, step: int,
   Raises:
     errors.ConfigError: Naming the binding and the ways on.
   """
-  try:
-    saved = [name for name, _ in tf.train.list_variables(path)]
-  except Exception:  # pylint: disable=broad-except
+  saved = checkpoints.saved_keys(path)
+  if saved is None:
     return  # Damaged: the restore passes over it.
   weights = ("train in a new --model_dir starting from the weights: "
              f"`warm_start.checkpoint = '{path}'`")

@@ -157,6 +157,15 @@ def newest_step(directory: str) -> int:
   return 0
 
 
+def saved_keys(path: str) -> Optional[List[str]]:
+  """The keys checkpoint `path` holds; None where it cannot be read (a
+  damaged one, which `restore` passes over and reports)."""
+  try:
+    return [name for name, _ in tf.train.list_variables(path)]
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
 def saved_step(path: str) -> int:
   """Returns the global step saved in checkpoint `path` (read alone)."""
   reader = tf.train.load_checkpoint(path)
@@ -459,10 +468,10 @@ def _raise_if_another_input(path: str, error: Exception) -> None:
       f"checkpoint {path} holds the position of another training input "
       f"pipeline (TensorFlow cannot restore its iterator into this run's: "
       f"it fails at {match.group(1)})",
-      "resume without that position, with `trainer.input_position = \"skip\"` (this "
-      "input read anew, past the batches trained on; keep it for later "
-      "resumes of this run) or `\"restart\"` (this input from its first "
-      "batch)") from error
+      "resume without that position, with "
+      "`trainer.input_position = \"skip\"` (this input read anew, past the "
+      "batches trained on; keep it for later resumes of this run) or "
+      "`\"restart\"` (this input from its first batch)") from error
 
 
 # The names under which a checkpoint holds an optimizer's wrappers: Model
@@ -505,11 +514,8 @@ def _refuse_averages_it_lacks(checkpoint: tf.train.Checkpoint,
   Raises:
     errors.ConfigError: Naming `ema.decay`.
   """
-  try:
-    saved = [name for name, _ in tf.train.list_variables(path)]
-  except Exception:  # pylint: disable=broad-except
-    return  # Damaged: the restore passes over it.
-  if tracks(checkpoint, EMA) and not holds(saved, EMA):
+  saved = saved_keys(path)
+  if saved is not None and tracks(checkpoint, EMA) and not holds(saved, EMA):
     raise errors.ConfigError(
         f"checkpoint {path} holds no weight averages (saved without EMA), "
         "which this evaluation, with `ema.decay` set, evaluates: they would "
