@@ -169,30 +169,23 @@ def test_a_long_foreign_header_is_shown_by_its_first_columns(tmp_path):
     _csv(tmp_path)
 
 
-def test_a_metrics_csv_that_is_not_ours_is_refused_and_kept(tmp_path):
+@pytest.mark.parametrize("content, header", [
+    (_FOREIGN.encode(), "epoch,loss,val_loss"),
+    # Not UTF-8 text (a spreadsheet saved over it, say): refused like another
+    # program's CSV, not a UnicodeDecodeError.
+    (b"\xff\xfe\x00s\x00t\x00e\x00p", "<not UTF-8 text>"),
+], ids=["another program's", "not text"])
+def test_a_metrics_csv_that_is_not_ours_is_refused_and_kept(
+    tmp_path, content, header):
   path = tmp_path / "metrics.csv"
-  path.write_text(_FOREIGN)
+  path.write_bytes(content)
   with pytest.raises(trainer.ConfigError) as raised:
     _csv(tmp_path)
   assert str(raised.value) == (
-      f"{path} is not this framework's (its header is `epoch,loss,val_loss`, "
+      f"{path} is not this framework's (its header is `{header}`, "
       "not `step,wall_time,split,...`), and training writes its own there: "
       "move it away, or train in another --model_dir.")
-  assert path.read_text() == _FOREIGN
-
-
-def test_a_binary_file_is_refused_as_not_ours(tmp_path):
-  # Not UTF-8 text (a spreadsheet saved over it, say): refused like another
-  # program's CSV, not a UnicodeDecodeError.
-  path = tmp_path / "metrics.csv"
-  path.write_bytes(b"\xff\xfe\x00s\x00t\x00e\x00p")
-  with pytest.raises(trainer.ConfigError) as raised:
-    _csv(tmp_path)
-  assert str(raised.value) == (
-      f"{path} is not this framework's (its header is `<not UTF-8 text>`, "
-      "not `step,wall_time,split,...`), and training writes its own there: "
-      "move it away, or train in another --model_dir.")
-  assert path.read_bytes() == b"\xff\xfe\x00s\x00t\x00e\x00p"
+  assert path.read_bytes() == content
 
 
 def test_a_metrics_csv_that_is_not_ours_stops_train_py_before_training(
