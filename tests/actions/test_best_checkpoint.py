@@ -156,7 +156,8 @@ def test_a_best_checkpoint_kept_before_any_step_is_the_restored_one_whole(
       resumed.stdout.splitlines())
   assert [line for line in resumed.stdout.splitlines()
           if line.startswith("best | ")] == [
-              f"best | step 10: accuracy {helpers.final_accuracy(resumed.stdout)}"
+              "best | step 10: accuracy "
+              f"{helpers.final_accuracy(resumed.stdout):.4f}"
               f", the best so far; kept in {model_dir}/best"]
   restored = tf.train.load_checkpoint(str(model_dir / "ckpt-10"))
   best = tf.train.load_checkpoint(str(model_dir / "best" / "ckpt-10"))
