@@ -16,6 +16,10 @@ import typing
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TensorFlow's GCS file system caches stats and listings for 5 s: a record
+# just replaced, or a folder just removed, would read as before. Read when
+# the file system is made, so before TensorFlow loads.
+os.environ.setdefault("GCS_STAT_CACHE_MAX_AGE", "0")
 
 # Each public name, by the module that defines it.
 _PUBLIC = {

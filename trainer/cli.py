@@ -13,7 +13,6 @@ import dataclasses
 import gc
 import os
 import sys
-import tempfile
 import threading
 from typing import Callable, List, Optional, Sequence, Union
 
@@ -36,6 +35,7 @@ from trainer.report import run_report
 from trainer.report import tf_logs
 from trainer.report import usage
 from trainer.storage import checkpoints
+from trainer.storage import files
 
 USAGE_EXIT_CODE = 2
 RUNTIME_ERROR_EXIT_CODE = 1
@@ -72,23 +72,49 @@ TOOL_FLAGS = ("gin_file", "gin_param", "full_traceback")
 def _check_model_dir(model_dir: Optional[str]) -> str:
   if not model_dir:
     raise errors.ConfigError("--model_dir is required.")
-  if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+  files.check_path(model_dir, "--model_dir")
+  if files.is_url(model_dir):
+    _check_url_model_dir(model_dir)
+    return model_dir
+  _check_local_model_dir(model_dir)
+  return model_dir
+
+
+def _check_local_model_dir(model_dir: str) -> None:
+  """The operating system's checks of a local model_dir (not a URL)."""
+  link = model_dir.rstrip("/")
+  is_dir = os.path.isdir(model_dir)  # local-path: not a URL
+  if os.path.exists(model_dir) and not is_dir:  # local-path: not a URL
     raise errors.ConfigError(
         f"--model_dir ({model_dir}) is a file, not a directory.")
-  if os.path.islink(model_dir.rstrip("/")) and not os.path.exists(model_dir):
+  if os.path.islink(link) and not is_dir:  # local-path: not a URL
     raise errors.ConfigError(
-        f"--model_dir ({model_dir}) is a symlink to "
-        f"{os.readlink(model_dir.rstrip('/'))}, which does not exist.")
-  existing = os.path.abspath(model_dir)
-  while not os.path.exists(existing):
+        f"--model_dir ({model_dir}) is a symlink to {os.readlink(link)}, "
+        "which does not exist.")
+  existing = files.absolute(model_dir)
+  while not os.path.exists(existing):  # local-path: not a URL
     existing = os.path.dirname(existing)
-  if not os.path.isdir(existing):
+  if not os.path.isdir(existing):  # local-path: not a URL
     raise errors.ConfigError(
         f"--model_dir ({model_dir}) cannot be created: {existing} is a file.")
-  if not os.access(existing, os.W_OK | os.X_OK):
+  if not os.access(existing, os.W_OK | os.X_OK):  # local-path: not a URL
     raise errors.ConfigError(f"--model_dir ({model_dir}) is not writable: "
                              f"no write permission on {existing}.")
-  return model_dir
+
+
+def _check_url_model_dir(model_dir: str) -> None:
+  """The checks of a URL model_dir that can be made before the run: its
+  bucket exists, and the path is not an object. Whether this process may
+  write there shows at the first write, which nothing precedes."""
+  if files.scheme(model_dir) == "gs":
+    bucket = "gs://" + model_dir[len("gs://"):].split("/", 1)[0]
+    if not files.isdir(bucket):
+      raise errors.ConfigError(
+          f"--model_dir ({model_dir}): bucket {bucket} does not exist or "
+          "this process may not read it.")
+  if files.isfile(model_dir.rstrip("/")):
+    raise errors.ConfigError(
+        f"--model_dir ({model_dir}) is an object (a file), not a directory.")
 
 
 def _quiet_teardown() -> None:
@@ -118,7 +144,7 @@ def fail(message: Union[str, Callable[[], str]],
   console.error(f"{program}: {'' if asked else 'error: '}{message}")
   # TensorFlow's C++ threads may still log while the process winds down (a
   # peer's collective failing, say); the error line stays the last one.
-  devnull = os.open(os.devnull, os.O_WRONLY)
+  devnull = os.open(os.devnull, os.O_WRONLY)  # local-path: /dev/null
   os.dup2(devnull, sys.stderr.fileno())
   sys.stdout.flush()
   # After an error in a prefetched input, interpreter exit may wait forever
@@ -229,7 +255,7 @@ def dry_run(task: task_lib.Task, runtime: runtime_lib.RuntimeConfig,
   the step starts from it (read, never written), so a checkpoint that does
   not fit the configured model is reported too. Returns the exit code.
   """
-  restore_dir = model_dir if os.path.isdir(model_dir) else None
+  restore_dir = model_dir if files.isdir(model_dir) else None
   start = checkpoints.newest_step(restore_dir) if restore_dir else 0
   # The Keras callbacks are checked with the configuration but not run:
   # theirs are files outside `model_dir` (a CSVLogger's) that a dry run
@@ -238,11 +264,15 @@ def dry_run(task: task_lib.Task, runtime: runtime_lib.RuntimeConfig,
       config, train_steps=start + 1, steps_per_loop=1, summary_interval=1,
       checkpoint_interval=1, validation_interval=0, validation_steps=1,
       callbacks=())
-  with tempfile.TemporaryDirectory(prefix="dry_run-") as directory:
+  # Its own scratch, removed after: a dry run never writes `model_dir`.
+  directory = files.scratch_directory("dry_run-")
+  try:
     with _one_line_failures():
       results = experiment.run(task, "train_and_eval", directory, runtime,
                                trial, restore_dir=restore_dir,
                                receiver=receiver, dry_run=True)
+  finally:
+    files.rmtree(directory)
   console.info("dry run | resolved configuration:\n" +
                gin.operative_config_str().rstrip())
   origin = (f"from the checkpoint at step {start} in {model_dir}" if start

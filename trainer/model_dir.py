@@ -8,8 +8,6 @@ removes what interrupted writes of its own roles left, and only those.
 
 import contextlib
 import os
-import shutil
-import tempfile
 from typing import Iterator, List
 
 from trainer import actions
@@ -18,6 +16,7 @@ from trainer import console
 from trainer.distribute import cluster
 from trainer.report import summaries
 from trainer.storage import checkpoints
+from trainer.storage import files
 from trainer.storage import lease
 
 # What each lease holder writes at the top of model_dir: it removes the
@@ -71,32 +70,44 @@ def write_directory(model_dir: str, worker: cluster.WorkerInfo, mode: str,
       _remove_empty(created)
       raise
     return
-  directory = tempfile.mkdtemp(prefix=f"worker{worker.worker_index}-")
+  directory = files.scratch_directory(f"worker{worker.worker_index}-")
   try:
     yield directory
   finally:
-    shutil.rmtree(directory, ignore_errors=True)
+    files.rmtree(directory)
 
 
 def _make_directories(path: str) -> List[str]:
   """Makes `path` and its missing parents; returns those made, deepest
-  first."""
+  first. A URL directory, which an object store has only while objects are
+  below it, is marked (`files.mark_directory`) to have an identity."""
+  if files.is_url(path):
+    made = [] if files.directory_identity(path) else [path]
+    files.makedirs(path)
+    files.mark_directory(path)
+    return made
   missing = []
-  while path and not os.path.isdir(path):
+  while path and not files.isdir(path):
     missing.append(path)
-    parent = os.path.dirname(os.path.normpath(path))
+    parent = os.path.dirname(path.rstrip(os.sep)) or os.curdir
     if parent == path:
       break
     path = parent
   for directory in reversed(missing):
-    os.makedirs(directory, exist_ok=True)
+    files.makedirs(directory)
   return missing
 
 
 def _remove_empty(directories: List[str]) -> None:
-  """Removes each of `directories` (deepest first) that is empty."""
+  """Removes each of `directories` (deepest first) that holds nothing (a
+  URL's: nothing but its identity marker)."""
   for directory in directories:
+    if files.is_url(directory):
+      if files.listdir(directory) not in ([], [files.IDENTITY_MARKER]):
+        return  # Another run wrote there.
+      files.rmtree(directory)
+      continue
     try:
-      os.rmdir(directory)
+      os.rmdir(directory)  # local-path: not a URL; only if empty
     except OSError:  # Not empty (another run wrote there), or gone.
       return

@@ -15,6 +15,7 @@ import trainer
 from trainer import actions
 from trainer import errors
 from trainer import experiment
+from trainer.storage import files
 from trainer.storage import lease
 
 import helpers
@@ -27,6 +28,7 @@ import sys, types
 package = types.ModuleType("trainer")
 package.__path__ = [sys.argv[1]]
 sys.modules["trainer"] = package
+from trainer.storage import files
 from trainer.storage import lease
 with lease.Lease(sys.argv[2], [sys.argv[3]], "train_and_eval"):
   print("held", flush=True)
@@ -109,12 +111,6 @@ def test_without_a_record_the_holder_is_another_process():
 def test_no_lease_and_a_warning_where_locks_do_not_work(tmp_path,
                                                         monkeypatch):
   warnings = []
-  with lease.Lease("gs://bucket/run", [lease.TRAINER], "train",
-                   warn=warnings.append) as remote:
-    assert remote.held == []
-  assert warnings == [
-      "gs://bucket/run is not a local path: no lease keeps a second run from "
-      "writing it at the same time; make sure only one does."]
 
   def refuse(fd, operation):
     del fd, operation
@@ -124,18 +120,69 @@ def test_no_lease_and_a_warning_where_locks_do_not_work(tmp_path,
   with lease.Lease(str(tmp_path), [lease.TRAINER], "train",
                    warn=warnings.append) as unlocked:
     assert unlocked.held == []
-  assert warnings[-1] == (
+  assert warnings == [
       f"{tmp_path}: the filesystem does not support locks (No locks "
       "available): no lease keeps a second run from writing it at the same "
-      "time; make sure only one does.")
+      "time; make sure only one does."]
 
 
-def test_by_default_the_warning_is_a_console_warning(capsys):
-  with lease.Lease("gs://bucket/run", [lease.TRAINER], "train") as remote:
-    assert remote.held == []
+def test_on_a_url_the_newer_holder_stops_the_earlier_at_its_next_save(
+    tmp_path, monkeypatch):
+  """An object store gives no lock: each holder writes its record into the
+  lease object; the one whose record was replaced stops at `verify` (each
+  checkpoint save), naming the newer one, and leaves the newer's record."""
+  monkeypatch.chdir(tmp_path)
+  directory = f"ram://{tmp_path.name}/run"
+  warnings = []
+  first = lease.Lease(directory, [lease.TRAINER], "train",
+                      warn=warnings.append)
+  first.acquire()
+  assert first.held == [lease.TRAINER] and warnings == []
+  record = files.read_json(lease.lock_path(directory, lease.TRAINER))
+  assert record["pid"] == os.getpid() and record["mode"] == "train"
+  lease.verify(directory)  # Its own: nothing to say.
+
+  second = lease.Lease(directory, [lease.TRAINER], "train_and_eval",
+                       warn=warnings.append)
+  second.acquire()
+  holder = (f"pid {os.getpid()} on host {record['host']} since "
+            f"{record['since']} (train)")
+  assert warnings == [
+      f"{directory}: {holder} left its trainer lease there: it was killed, "
+      "or it still runs. An object store gives no lock: if it runs, the "
+      "earlier of the two stops at its next checkpoint save."]
+  newer = files.read_json(lease.lock_path(directory, lease.TRAINER))
+  assert newer["token"] != record["token"]
+  # The process-wide record is the newer holder's now; the earlier one
+  # checks its own token, as it would in its own process.
+  monkeypatch.setitem(lease._OBJECT_LEASES, directory, first._tokens)  # pylint: disable=protected-access
+  with pytest.raises(errors.RunError) as raised:
+    lease.verify(directory)
+  assert str(raised.value) == (
+      f"model_dir {directory} was taken by pid {os.getpid()} on host "
+      f"{newer['host']} since {newer['since']} (train_and_eval): two runs "
+      "were writing it. This one stops here; its checkpoints so far are "
+      "kept. Stop the other, or give each its own --model_dir.")
+  first.release()  # Leaves the newer holder's record.
+  assert files.read_json(lease.lock_path(directory, lease.TRAINER)) == newer
+  second.release()
+  assert not files.exists(lease.lock_path(directory, lease.TRAINER))
+  assert os.listdir(tmp_path) == []  # Nothing written locally.
+
+
+def test_by_default_the_warning_is_a_console_warning(tmp_path, capsys):
+  directory = f"ram://{tmp_path.name}/run"
+  files.write_text(lease.lock_path(directory, lease.TRAINER), "not json")
+  files.write_json(lease.lock_path(directory, lease.EVALUATOR),
+                   {"pid": 7, "host": "h", "since": "s", "mode": "eval"})
+  with lease.Lease(directory, [lease.TRAINER, lease.EVALUATOR],
+                   "train_and_eval") as remote:
+    assert remote.held == [lease.TRAINER, lease.EVALUATOR]
   assert capsys.readouterr().out == (
-      "warning | gs://bucket/run is not a local path: no lease keeps a second "
-      "run from writing it at the same time; make sure only one does.\n")
+      f"warning | {directory}: pid 7 on host h since s (eval) left its "
+      "evaluator lease there: it was killed, or it still runs. An object "
+      "store gives no lock: if it runs, the earlier of the two stops at its "
+      "next checkpoint save.\n")
 
 
 def _config(train_steps, **settings):

@@ -19,8 +19,18 @@ overwrites it. A holder that ends normally removes its file.
 
 A lease needs a filesystem whose flock every process that may write shares:
 local disks, and NFS unless mounted `nolock` or `local_lock` (Linux clients
-pass flock to the server). Paths with a URL scheme (`gs://`, `s3://`) get no
-lease, nor do filesystems that refuse flock; a warning says so.
+pass flock to the server). Filesystems that refuse flock get no lease; a
+warning says so.
+
+An object store (`gs://`) has no lock that `tf.io.gfile` can take: a sound
+lease there needs a create-if-absent precondition (GCS's
+`ifGenerationMatch=0`), which TensorFlow's file system does not expose. So a
+URL model_dir gets a lease object instead: each holder writes its record,
+with a random token, to the same `.<role>.lock` object, replacing any other;
+`verify` (at every checkpoint save) reads it back, and a holder whose token
+was replaced stops there, naming the newer holder. Two runs on one bucket
+path are so detected at the earlier one's next save, not refused at the
+start; a warning at the start names a record left by another holder.
 """
 
 import datetime
@@ -28,14 +38,15 @@ import errno
 import fcntl
 import json
 import os
-import re
 import socket
 import sys
 import time
+import uuid
 from typing import Callable, Dict, List, Optional, Sequence
 
 from trainer import console
 from trainer import errors
+from trainer.storage import files
 
 TRAINER = "trainer"
 EVALUATOR = "evaluator"
@@ -44,7 +55,8 @@ _WRITES = {TRAINER: "writing checkpoints",
            EVALUATOR: "writing evaluation records"}
 # flock errors meaning the filesystem cannot lock (not that someone holds it).
 _UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+# The object leases this process holds: directory -> {role: token}.
+_OBJECT_LEASES: Dict[str, Dict[str, str]] = {}
 
 
 def lock_path(directory: str, role: str) -> str:
@@ -54,11 +66,7 @@ def lock_path(directory: str, role: str) -> str:
 
 def in_use_message(holder: Optional[Dict[str, object]], role: str) -> str:
   """Returns the error line naming the lease's `holder` (None: unknown)."""
-  if not holder:
-    who = "another process"
-  else:
-    who = (f"pid {holder.get('pid')} on host {holder.get('host')} since "
-           f"{holder.get('since')} ({holder.get('mode')}, {_WRITES[role]})")
+  who = _holder(holder, _WRITES[role]) if holder else "another process"
   return (f"model_dir is in use by {who}; stop it first, or use another "
           "--model_dir.")
 
@@ -90,11 +98,13 @@ class Lease:
     self.mode = mode
     self._warn = warn
     self._held: Dict[str, int] = {}  # Role -> locked file descriptor.
+    self._tokens: Dict[str, str] = {}  # Role -> its lease object's token.
 
   @property
   def held(self) -> List[str]:
-    """The roles whose lease this object holds."""
-    return list(self._held)
+    """The roles whose lease this object holds (on a URL: whose lease
+    object it wrote)."""
+    return list(self._held) + list(self._tokens)
 
   def acquire(self) -> None:
     """Takes every role's lease, or none.
@@ -105,10 +115,8 @@ class Lease:
     """
     if not self.roles:
       return
-    if _URL.match(self.directory):
-      self._warn(f"{self.directory} is not a local path: no lease keeps a "
-                 "second run from writing it at the same time; make sure "
-                 "only one does.")
+    if files.is_url(self.directory):
+      self._take_objects()
       return
     try:
       for role in self.roles:
@@ -126,7 +134,8 @@ class Lease:
     # A holder that ends unlinks its file before unlocking it: one locked
     # after that is no longer the lease file; open the new one and retry.
     for _ in range(10):
-      fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+      flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+      fd = os.open(path, flags, 0o644)  # local-path: URLs take no flock
       try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
       except OSError as e:
@@ -151,15 +160,39 @@ class Lease:
       os.close(fd)
     raise errors.ConfigError(in_use_message(None, role))
 
+  def _take_objects(self) -> None:
+    """Writes this holder's record into each role's lease object."""
+    for role in self.roles:
+      path = lock_path(self.directory, role)
+      left = _read_object(path)
+      if left:
+        self._warn(
+            f"{self.directory}: {_holder(left)} left its {role} lease "
+            "there: it was killed, or it still runs. An object store gives "
+            "no lock: if it runs, the earlier of the two stops at its next "
+            "checkpoint save.")
+      self._tokens[role] = uuid.uuid4().hex
+      files.write_json(path, dict(_holder_record(self.mode),
+                                  token=self._tokens[role]))
+    _OBJECT_LEASES[self.directory] = self._tokens
+
   def release(self) -> None:
     """Gives back every lease held; safe to call more than once."""
+    if _OBJECT_LEASES.get(self.directory) is self._tokens:
+      del _OBJECT_LEASES[self.directory]
+    for role, token in self._tokens.items():
+      path = lock_path(self.directory, role)
+      held = _read_object(path)
+      if held and held.get("token") == token:  # Not a newer holder's.
+        files.remove(path)
+    self._tokens = {}
     for role, fd in reversed(list(self._held.items())):
       path = lock_path(self.directory, role)
       # Unlinked before the unlock, so no one locks a removed file unaware;
       # not if someone replaced it (it would be another holder's).
       if _is_file_at(fd, path):
         try:
-          os.unlink(path)
+          os.unlink(path)  # local-path: a flock file
         except OSError:
           pass
       os.close(fd)
@@ -176,18 +209,54 @@ class Lease:
 def _is_file_at(fd: int, path: str) -> bool:
   """Whether `fd` is (still) the file at `path`."""
   try:
-    found = os.stat(path)
+    found = os.stat(path)  # local-path: a flock file
   except FileNotFoundError:
     return False
   opened = os.fstat(fd)
   return (found.st_dev, found.st_ino) == (opened.st_dev, opened.st_ino)
 
 
-def _write_holder(fd: int, mode: str) -> None:
+def verify(directory: str) -> None:
+  """Checks that the object leases this process took on `directory` are
+  still its own (a local lease cannot be taken from its holder).
+
+  Raises:
+    errors.RunError: If another run replaced one: both were writing it.
+  """
+  for role, token in _OBJECT_LEASES.get(directory, {}).items():
+    held = _read_object(lock_path(directory, role))
+    if held is not None and held.get("token") != token:
+      raise errors.RunError(
+          f"model_dir {directory} was taken by {_holder(held)}: two runs "
+          "were writing it. This one stops here; its checkpoints so far "
+          "are kept. Stop the other, or give each its own --model_dir.")
+
+
+def _read_object(path: str) -> Optional[Dict[str, object]]:
+  """The holder record in lease object `path`; None if none is there."""
+  try:
+    holder = files.read_json(path)
+  except ValueError:  # Not a record of ours.
+    return None
+  return holder if isinstance(holder, dict) else None
+
+
+def _holder(holder: Dict[str, object], doing: Optional[str] = None) -> str:
+  """Names the holder of a record: pid, host, since when, what it runs."""
+  what = ", ".join(str(part) for part in (holder.get("mode"), doing) if part)
+  return (f"pid {holder.get('pid')} on host {holder.get('host')} since "
+          f"{holder.get('since')} ({what})")
+
+
+def _holder_record(mode: str) -> Dict[str, object]:
   since = datetime.datetime.now().astimezone().isoformat(
       sep=" ", timespec="seconds")
-  holder = {"host": socket.gethostname(), "pid": os.getpid(), "since": since,
-            "mode": mode, "command": " ".join(sys.argv)}
+  return {"host": socket.gethostname(), "pid": os.getpid(), "since": since,
+          "mode": mode, "command": " ".join(sys.argv)}
+
+
+def _write_holder(fd: int, mode: str) -> None:
+  holder = _holder_record(mode)
   os.ftruncate(fd, 0)
   os.pwrite(fd, (json.dumps(holder) + "\n").encode("utf-8"), 0)
 

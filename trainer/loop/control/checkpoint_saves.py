@@ -13,7 +13,7 @@ refuses them) or into a model_dir replaced during the run.
 
 import math
 import threading
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional
 
 import tensorflow as tf
 
@@ -21,6 +21,7 @@ from trainer import console
 from trainer import errors
 from trainer.loop.control import rollback
 from trainer.storage import files
+from trainer.storage import lease
 
 
 class CheckpointSaves:
@@ -71,7 +72,7 @@ class CheckpointSaves:
       self.next_due = (self.last_saved_step // interval + 1) * interval
 
   def watch_directory(self,
-                      identity: Optional[Tuple[int, int]] = None) -> None:
+                      identity: Optional[object] = None) -> None:
     """Remembers the manager's directory, to notice its replacement.
 
     Args:
@@ -123,6 +124,8 @@ class CheckpointSaves:
       raise errors.RunError(
           f"model_dir {directory} was deleted or replaced during the run; "
           f"the checkpoint of step {step} is not saved.")
+    # On an object store, where no lock keeps a second run out.
+    lease.verify(directory)
     self._guard.check_saveable(step, self.last_saved_step)
     with self._lock:
       # The cadence is decided here: a manager with an interval of its own

@@ -80,7 +80,7 @@ class ControllerOptions:
   restore_dir: Optional[str] = None
   partial_restore: bool = False
   input_stale_until: int = -1
-  directory_identity: Optional[Tuple[int, int]] = None
+  directory_identity: Optional[object] = None
 
 
 class Controller(orbit.Controller):
