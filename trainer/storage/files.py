@@ -317,7 +317,7 @@ def read_bytes(path: str) -> Optional[bytes]:
   try:
     with builtins.open(_local(path), "rb") as f:
       return f.read()
-  except (FileNotFoundError, NotADirectoryError):
+  except FileNotFoundError:
     return None
 
 
