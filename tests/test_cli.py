@@ -622,3 +622,29 @@ def test_an_os_error_in_the_frameworks_own_writes_is_one_line(tmp_path):
   assert lines[-1] == (f"train.py: error: NotADirectoryError: [Errno 20] Not "
                        f"a directory: '{model_dir}/best/best.json'")
   assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("model_dir,problem", [
+    ("s3://bucket/run",
+     "TensorFlow 2.20 has no s3:// file system (tensorflow-io's plugins do "
+     "not load on it): mount the bucket (s3fs, mountpoint-s3) and pass the "
+     "local path, or use gs://."),
+    ("gs:/bucket/run", None),
+    ("hdfs3://host/run",
+     "TensorFlow has no file system for `hdfs3://`; the schemes that work "
+     "are a local path, gs:// and ram://."),
+])
+def test_a_model_dir_url_that_cannot_work_is_one_line_and_writes_nothing(
+    tmp_path, model_dir, problem):
+  """Before this, each was a local folder (`./s3:/bucket/run/`) holding the
+  operative config, then a failure at the first checkpoint."""
+  result = helpers.run_cli(
+      [f"--gin_file={os.path.join(helpers.REPO_ROOT, DIGITS)}",
+       f"--model_dir={model_dir}"], cwd=str(tmp_path))
+  assert result.returncode == 2, result.stderr[-2000:]
+  expected = (f"train.py: error: --model_dir ({model_dir}): {problem}"
+              if problem else
+              "train.py: error: --model_dir (gs:/bucket/run) has one slash "
+              "after `gs:`: write gs://bucket/run")
+  assert result.stderr.strip().splitlines()[-1] == expected
+  assert os.listdir(tmp_path) == []
