@@ -18,6 +18,7 @@ from tasks import digits
 from tasks import digits_pipeline
 
 import helpers
+import ram_urls
 
 
 def _config(train_steps):
@@ -435,3 +436,88 @@ def test_train_py_falls_back_from_a_damaged_optimizer_slot(tmp_path):
   assert helpers.checkpoint_step(model_dir) == 30
   assert _read(prefix + "-damaged.data-00000-of-00001") == damaged
   assert _read(prefix + "-damaged.index") == index
+
+
+
+def _write_url(path, data):
+  with tf.io.gfile.GFile(path, "wb") as f:
+    f.write(data)
+
+
+def _manager(directory, value=0.0, **kwargs):
+  """A manager of a weight and the step, saving in `directory`."""
+  step = tf.Variable(0, dtype=tf.int64)
+  checkpoint = tf.train.Checkpoint(model=tf.Variable(value), global_step=step)
+  return checkpoints.create_manager(checkpoint, directory, global_step=step,
+                                    **kwargs), step
+
+
+def _restored_weight(prefix):
+  """The weight saved at `prefix` (read by a restore: `ram://` takes a
+  checkpoint's prefix for a folder, so `tf.train.load_checkpoint` cannot
+  read one there)."""
+  weight = tf.Variable(0.0)
+  tf.train.Checkpoint(model=weight).restore(prefix).expect_partial()
+  return float(weight.numpy())
+
+
+def test_interrupted_saves_on_a_url_are_removed_there(tmp_path, monkeypatch):
+  model_dir = ram_urls.model_dir(tmp_path, monkeypatch)
+  manager, _ = _manager(model_dir, max_to_keep=3)
+  manager.save(checkpoint_number=10)
+  leftovers = [f"{model_dir}/best/ckpt-30_temp", f"{model_dir}/ckpt-20_temp"]
+  for leftover in leftovers:
+    tf.io.gfile.makedirs(leftover)
+    _write_url(f"{leftover}/part-00000-of-00001.data-00000-of-00001", b"x")
+  assert checkpoints.remove_interrupted_saves(
+      model_dir, [checkpoints.SAVES, "best"]) == leftovers
+  assert ram_urls.names(model_dir) == [
+      ".identity", "checkpoint", "ckpt-10.data-00000-of-00001",
+      "ckpt-10.index"]
+  assert ram_urls.nothing_local(tmp_path)
+
+
+@pytest.mark.parametrize("where", ["url", "relative"])
+def test_held_checkpoints_are_trimmed_and_copied_in_place(tmp_path,
+                                                          monkeypatch, where):
+  model_dir = ram_urls.model_dir(tmp_path, monkeypatch)
+  if where == "relative":
+    model_dir = "run"
+  evaluated = {10}
+  manager, step = _manager(model_dir, value=3.0, max_to_keep=1,
+                           evaluated_fn=lambda: evaluated)
+  for step_number in (10, 20, 30):
+    step.assign(step_number)
+    manager.save(checkpoint_number=step_number)
+  # ckpt-10 was evaluated and goes; ckpt-20 waits for its evaluation.
+  assert checkpoints.candidates(model_dir) == [
+      os.path.join(model_dir, "ckpt-30"), os.path.join(model_dir, "ckpt-20")]
+  evaluated.add(20)
+  assert checkpoints.trim(model_dir, 1, evaluated) == [
+      os.path.join(model_dir, "ckpt-20")]
+  # The state file names it as `CheckpointManager` does (not `../ckpt-30`).
+  assert checkpoints.candidates(model_dir) == [
+      os.path.join(model_dir, "ckpt-30")]
+  assert not tf.io.gfile.glob(os.path.join(model_dir, "ckpt-[12]0*"))
+  # The best checkpoint's copy (`build.save_best`), into `best/` made first.
+  best = os.path.join(model_dir, "best", "ckpt-30")
+  tf.io.gfile.makedirs(os.path.dirname(best))
+  checkpoints.copy(os.path.join(model_dir, "ckpt-30"), best)
+  assert _restored_weight(best) == 3.0
+  assert ram_urls.nothing_local(tmp_path)
+
+
+def test_a_damaged_checkpoint_on_a_url_is_set_aside_there(tmp_path,
+                                                          monkeypatch):
+  model_dir = ram_urls.model_dir(tmp_path, monkeypatch)
+  manager, _ = _manager(model_dir, value=2.0, max_to_keep=3)
+  prefix = manager.save(checkpoint_number=20)
+  assert checkpoint_verify.set_aside(prefix) == prefix + "-damaged"
+  assert ram_urls.names(model_dir) == [
+      ".identity", "checkpoint", "ckpt-20-damaged.data-00000-of-00001",
+      "ckpt-20-damaged.index"]
+  assert _restored_weight(prefix + "-damaged") == 2.0
+  # Set aside once: a second damaged save of the step keeps its own files.
+  manager.save(checkpoint_number=20)
+  assert checkpoint_verify.set_aside(prefix) is None
+  assert ram_urls.nothing_local(tmp_path)

@@ -17,6 +17,8 @@ from typing import Collection, List, Optional
 
 import tensorflow as tf
 
+from trainer.storage import files
+
 # What the prefix of a checkpoint that could not be restored gets.
 DAMAGED = "-damaged"
 
@@ -30,11 +32,11 @@ def set_aside(prefix: str) -> Optional[str]:
     The new prefix; None if there were no files or that name is taken.
   """
   target = prefix + DAMAGED
-  found = tf.io.gfile.glob(prefix + ".*")
-  if not found or tf.io.gfile.glob(target + ".*"):
+  found = files.glob(prefix + ".*")
+  if not found or files.glob(target + ".*"):
     return None
   for path in found:
-    tf.io.gfile.rename(path, target + path[len(prefix):])
+    files.rename(path, target + path[len(prefix):])
   return target
 
 

@@ -13,7 +13,6 @@ import collections
 import collections.abc
 import os
 import re
-import shutil
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
 import tensorflow as tf
@@ -52,8 +51,7 @@ class _HoldingManager(tf.train.CheckpointManager):
       if number(prefix) not in evaluated:
         held[prefix] = timestamp
         continue
-      for path in tf.io.gfile.glob(prefix + ".*"):
-        tf.io.gfile.remove(path)
+      _delete(prefix)
     held.update(self._maybe_delete)
     self._maybe_delete = held
 
@@ -107,15 +105,29 @@ def trim(directory: str, max_to_keep: int, evaluated: Set[int]) -> List[str]:
                    state.all_model_checkpoint_timestamps))
   kept = [p for p in reversed(paths) if p not in deleted]
   tf.compat.v1.train.update_checkpoint_state(
-      directory, os.path.basename(state.model_checkpoint_path),
-      all_model_checkpoint_paths=[os.path.basename(p) for p in kept],
+      directory, _state_name(directory, state.model_checkpoint_path),
+      all_model_checkpoint_paths=[_state_name(directory, p) for p in kept],
       all_model_checkpoint_timestamps=[times[p] for p in kept if p in times]
       if all(p in times for p in kept) else None,
       last_preserved_timestamp=state.last_preserved_timestamp)
   for prefix in deleted:
-    for path in tf.io.gfile.glob(prefix + ".*"):
-      tf.io.gfile.remove(path)
+    _delete(prefix)
   return deleted
+
+
+def _state_name(directory: str, prefix: str) -> str:
+  """What `update_checkpoint_state` is given for `prefix` to write its bare
+  name, as `CheckpointManager` does: it rewrites each name relative to a
+  `directory` that is not absolute (a relative one, a URL), so there the
+  name goes joined onto it (`ckpt-30` would come out `../ckpt-30`)."""
+  name = os.path.basename(prefix)
+  return name if os.path.isabs(directory) else os.path.join(directory, name)
+
+
+def _delete(prefix: str) -> None:
+  """Deletes the files of the checkpoint at `prefix`."""
+  for path in files.glob(prefix + ".*"):
+    files.remove(path)
 
 
 def copy(source: str, destination: str) -> None:
@@ -123,9 +135,8 @@ def copy(source: str, destination: str) -> None:
 
   The index, which readers open first, is copied last.
   """
-  for path in sorted(tf.io.gfile.glob(source + ".data-*")) + [
-      source + ".index"]:
-    tf.io.gfile.copy(path, destination + path[len(source):], overwrite=True)
+  for path in files.glob(source + ".data-*") + [source + ".index"]:
+    files.copy(path, destination + path[len(source):])
 
 
 def candidates(directory: str) -> List[str]:
@@ -380,8 +391,8 @@ def restore(manager: tf.train.CheckpointManager,
     return manager.restore_or_initialize()
   # Only the run that saves here moves what it cannot restore (not an
   # evaluation, a dry run or another worker reading the chief's).
-  owned = not partial and os.path.abspath(
-      directory or manager.directory) == os.path.abspath(manager.directory)
+  owned = not partial and files.same_path(directory or manager.directory,
+                                          manager.directory)
   failures = []
   for candidate in paths:
     if partial:
@@ -609,33 +620,29 @@ def remove_interrupted_saves(directory: str,
   removed = []
 
   def remove(path: str) -> None:
-    if os.path.isdir(path):
-      shutil.rmtree(path, ignore_errors=True)
-    else:
-      os.remove(path)
+    files.remove_any(path)
     removed.append(path)
     console.info(f"checkpoint | removed {path}, left by an interrupted write")
 
   def interrupted_save(path: str) -> bool:
     name = os.path.basename(path)
     return (name.startswith("ckpt-") and name.endswith("_temp") and
-            os.path.isdir(path))
+            files.isdir(path))
 
-  if not os.path.isdir(directory):
-    return removed
-  for name in sorted(os.listdir(directory)):
+  for name in files.listdir(directory):
     path = os.path.join(directory, name)
     if (SAVES in owned and interrupted_save(path)) or any(
         name.startswith(f"{files.TEMPORARY_PREFIX}{target}-")
         for target in owned):
       remove(path)
-    elif name in owned and os.path.isdir(path):
-      for root, folders, names in os.walk(path):
+    elif name in owned and files.isdir(path):
+      # On a URL the walk goes on into a removed folder, finding nothing.
+      for root, folders, names in files.walk(path):
         for leftover in sorted(folders + names):
           found = os.path.join(root, leftover)
           if (interrupted_save(found) or
               leftover.startswith(files.TEMPORARY_PREFIX)):
             remove(found)
         folders[:] = [f for f in folders
-                      if os.path.isdir(os.path.join(root, f))]
+                      if files.isdir(os.path.join(root, f))]
   return removed
