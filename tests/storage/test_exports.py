@@ -16,6 +16,7 @@ from trainer.model import optimization
 from trainer.storage import exports
 
 import helpers
+import ram_urls
 
 
 def _config(**settings):
@@ -111,3 +112,43 @@ def test_keep_newest(tmp_path):
   assert os.listdir(tmp_path) == ["20"]
   exports.keep_newest(str(tmp_path), 0)
   assert os.listdir(tmp_path) == []
+
+
+def _model():
+  return tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(1)])
+
+
+def test_an_export_to_a_url_is_written_there_whole_and_loads(tmp_path,
+                                                             monkeypatch):
+  base = ram_urls.model_dir(tmp_path, monkeypatch) + "/export"
+  model = _model()
+  signatures = exports.default_signatures(model, tf.TensorSpec([None, 2]))
+  assert exports.export(model, signatures, base + "/20") == base + "/20"
+  # Written in place, the marker last: nothing named `.tmp-*`.
+  assert ram_urls.names(base) == [
+      "20/.complete", "20/fingerprint.pb", "20/saved_model.pb",
+      "20/variables/variables.data-00000-of-00001",
+      "20/variables/variables.index"]
+  serve = tf.saved_model.load(base + "/20").signatures["serving_default"]
+  features = tf.ones([3, 2])
+  np.testing.assert_allclose(serve(features=features)["outputs"].numpy(),
+                             model(features).numpy(), rtol=1e-6)
+  assert ram_urls.nothing_local(tmp_path)
+
+
+def test_keep_newest_on_a_url_counts_only_complete_exports(tmp_path,
+                                                          monkeypatch):
+  base = ram_urls.model_dir(tmp_path, monkeypatch) + "/export"
+  model = _model()
+  signatures = exports.default_signatures(model, tf.TensorSpec([None, 2]))
+  for step in (5, 10):
+    exports.export(model, signatures, f"{base}/{step}")
+  # What a crash during the export of step 20 left: no `.complete`.
+  tf.io.gfile.makedirs(f"{base}/20")
+  with tf.io.gfile.GFile(f"{base}/20/saved_model.pb", "wb") as f:
+    f.write(b"cut short")
+  exports.keep_newest(base, 1)
+  assert tf.io.gfile.listdir(base) == ["10"]
+  exports.keep_newest(base, 0)
+  assert not tf.io.gfile.exists(f"{base}/10")
+  assert ram_urls.nothing_local(tmp_path)

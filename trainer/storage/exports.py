@@ -8,7 +8,6 @@ is faster, and works for any model whose call can be traced.
 
 import dataclasses
 import os
-import shutil
 from typing import Callable, Dict, Optional
 
 import gin
@@ -80,7 +79,9 @@ def default_signatures(model, features_spec) -> Signatures:
 
 
 def export(model, signatures: Signatures, directory: str) -> str:
-  """Writes a serving SavedModel of `model` to `directory`, atomically.
+  """Writes a serving SavedModel of `model` to `directory` whole
+  (`files.write_directory`: locally renamed into place, on a URL marked
+  complete last).
 
   Returns:
     `directory`.
@@ -103,9 +104,13 @@ def export(model, signatures: Signatures, directory: str) -> str:
 
 
 def keep_newest(base: str, keep: int) -> None:
-  """Deletes all but the `keep` highest-numbered exports in `base`."""
-  if not os.path.isdir(base):
-    return
-  steps = sorted(int(name) for name in os.listdir(base) if name.isdigit())
-  for step in steps[:-keep] if keep else steps:
-    shutil.rmtree(os.path.join(base, str(step)), ignore_errors=True)
+  """Deletes all but the `keep` highest-numbered complete exports in `base`,
+  and every incomplete one (on a URL, an export a crash cut short:
+  `files.complete`)."""
+  exported = sorted((int(name), os.path.join(base, name))
+                    for name in files.listdir(base) if name.isdigit())
+  whole = [path for _, path in exported if files.complete(path)]
+  kept = whole[-keep:] if keep else []
+  for _, path in exported:
+    if path not in kept:
+      files.rmtree(path)
