@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 import trainer
 from trainer import actions
@@ -15,6 +16,7 @@ from trainer.model import optimization
 from trainer.storage import exports
 
 import helpers
+import ram_urls
 
 
 class _Recorder:
@@ -173,3 +175,41 @@ def test_a_best_checkpoint_kept_before_any_step_is_the_restored_one_whole(
   assert len(compared) == len(keys) - 1
   for key in compared:
     assert np.array_equal(best.get_tensor(key), restored.get_tensor(key)), key
+
+
+def test_the_best_checkpoint_of_a_url_model_dir_is_kept_there(tmp_path,
+                                                             monkeypatch):
+  model_dir = ram_urls.model_dir(tmp_path, monkeypatch)
+  weight, step = tf.Variable(0.0), _Step()
+  checkpoint = tf.train.Checkpoint(model=weight)
+  model = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(1)])
+  signatures = exports.default_signatures(model, tf.TensorSpec([None, 2]))
+  best = actions.BestCheckpoint(
+      model_dir, actions.BestCheckpointConfig(metric="loss",
+                                              higher_is_better=False),
+      step_fn=step, save_fn=checkpoint.write,
+      export_fn=lambda directory: exports.export(model, signatures,
+                                                 directory))
+  # What a save killed there left.
+  tf.io.gfile.makedirs(f"{model_dir}/best/ckpt-5_temp")
+  with tf.io.gfile.GFile(f"{model_dir}/best/ckpt-5_temp/part-0", "w") as f:
+    f.write("x")
+  for step.step, loss in ((10, 0.5), (20, 0.3)):
+    weight.assign(loss)
+    best({"loss": loss})
+  assert ram_urls.names(f"{model_dir}/best") == [
+      "best.json", "ckpt-20.data-00000-of-00001", "ckpt-20.index",
+      "export/20/.complete", "export/20/fingerprint.pb",
+      "export/20/saved_model.pb",
+      "export/20/variables/variables.data-00000-of-00001",
+      "export/20/variables/variables.index"]
+  assert not tf.io.gfile.exists(f"{model_dir}/best/ckpt-5_temp/part-0")
+  restored = tf.Variable(0.0)
+  tf.train.Checkpoint(model=restored).restore(f"{model_dir}/best/ckpt-20")
+  assert float(restored.numpy()) == pytest.approx(0.3)
+  assert actions.BestCheckpoint(
+      model_dir, actions.BestCheckpointConfig(metric="loss",
+                                              higher_is_better=False),
+      step_fn=step, save_fn=checkpoint.write).record["step"] == 20
+  tf.saved_model.load(f"{model_dir}/best/export/20")
+  assert ram_urls.nothing_local(tmp_path)

@@ -7,9 +7,7 @@ so far.
 """
 
 import dataclasses
-import glob
 import os
-import shutil
 from typing import Any, Callable, Dict, Optional
 
 import gin
@@ -92,7 +90,7 @@ class BestCheckpoint:
       return  # Deleted under the run: the next save says so.
     step = self._step_fn()
     name = f"ckpt-{step}"
-    os.makedirs(self.directory, exist_ok=True)
+    files.makedirs(self.directory)
     self._save_fn(os.path.join(self.directory, name))
     export = None
     if self._export_fn is not None:
@@ -104,11 +102,11 @@ class BestCheckpoint:
                    "checkpoint": name, "export": export}
     files.write_json(os.path.join(self.directory, BEST_RECORD), self.record)
     self._best.commit({self._config.metric: value})
-    for path in glob.glob(os.path.join(self.directory, "ckpt-*")):
-      if os.path.isdir(path):  # `ckpt-N_temp`, left by a killed save.
-        shutil.rmtree(path, ignore_errors=True)
+    for path in files.matching(self.directory, "ckpt-*"):
+      if files.isdir(path):  # `ckpt-N_temp`, left by a killed save.
+        files.rmtree(path)
       elif not os.path.basename(path).startswith(name + "."):
-        os.remove(path)
+        files.remove(path)
     exports.keep_newest(os.path.join(self.directory, "export"),
                         1 if export else 0)
     console.info(f"best | step {step}: {self._config.metric} {value:.4f}, "
