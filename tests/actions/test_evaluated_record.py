@@ -3,9 +3,12 @@
 import json
 
 import numpy as np
+import tensorflow as tf
 
 from trainer import actions
 from trainer.storage import evaluated
+
+import ram_urls
 
 
 class _Step:
@@ -30,3 +33,15 @@ def test_evaluated_step_recorder_keeps_every_step_across_restarts(tmp_path):
     assert json.load(f) == {"steps": [10, 20],
                             "results": {"10": {"mae": 0.5},
                                         "20": {"mae": 0.25}}}
+
+
+def test_the_steps_of_a_url_model_dir_are_recorded_there(tmp_path,
+                                                        monkeypatch):
+  model_dir = ram_urls.model_dir(tmp_path, monkeypatch)
+  actions.EvaluatedStepRecorder(model_dir, step_fn=_Step(10))({"mae": 0.5})
+  actions.EvaluatedStepRecorder(model_dir, step_fn=_Step(20))({"mae": 0.25})
+  with tf.io.gfile.GFile(f"{model_dir}/{evaluated.RECORD}") as f:
+    assert json.load(f) == {"steps": [10, 20],
+                            "results": {"10": {"mae": 0.5},
+                                        "20": {"mae": 0.25}}}
+  assert ram_urls.nothing_local(tmp_path)

@@ -7,9 +7,12 @@ import shutil
 
 import gin
 import pytest
+import tensorflow as tf
 
 from trainer.actions import operative_config
 from trainer.report import summaries
+
+import ram_urls
 
 
 @gin.configurable("operative_probe")
@@ -69,3 +72,21 @@ def test_a_failed_write_into_an_existing_model_dir_is_raised(tmp_path,
   monkeypatch.setattr(os, "replace", missing)
   with pytest.raises(FileNotFoundError):
     operative_config.OperativeConfigWriter(str(tmp_path), None)(None)
+
+
+def test_it_is_written_into_a_url_model_dir(tmp_path, monkeypatch):
+  model_dir = ram_urls.model_dir(tmp_path, monkeypatch)
+  operative_config.OperativeConfigWriter(model_dir, None)(None)
+  with tf.io.gfile.GFile(
+      f"{model_dir}/{summaries.OPERATIVE_CONFIG_FILE}") as f:
+    assert "operative_probe.value = 7" in f.read()
+  assert ram_urls.nothing_local(tmp_path)
+
+
+def test_a_url_model_dir_deleted_before_is_not_made_again(tmp_path,
+                                                         monkeypatch):
+  # Never taken by the run (no identity): as if deleted under it.
+  model_dir = ram_urls.model_dir(tmp_path, monkeypatch, mark=False)
+  operative_config.OperativeConfigWriter(model_dir, None)(None)
+  assert not tf.io.gfile.exists(model_dir)
+  assert ram_urls.nothing_local(tmp_path)
