@@ -7,6 +7,7 @@ from trainer import experiment
 from trainer.model import optimization
 
 import helpers
+import ram_urls
 
 
 class _Step:
@@ -89,3 +90,25 @@ def test_training_stops_early_and_stays_stopped(tmp_path, capsys):
                  str(tmp_path), trainer.RuntimeConfig(seed=0), config)
   assert "train | stopping early at step 40" in capsys.readouterr().out
   assert helpers.checkpoint_step(str(tmp_path)) == 40
+
+
+def test_the_record_of_a_url_model_dir_is_kept_and_read_there(tmp_path,
+                                                              monkeypatch):
+  model_dir = ram_urls.model_dir(tmp_path, monkeypatch)
+  config = actions.EarlyStoppingConfig(metric="loss", higher_is_better=False,
+                                       patience=2)
+  trainer_side = actions.EarlyStopping(model_dir, config, step_fn=_Step())
+  evaluator_step = _Step()
+  evaluator = actions.EarlyStopping(model_dir, config, step_fn=evaluator_step)
+  for evaluator_step.step, loss in ((10, 0.5), (20, 0.6)):
+    evaluator({"loss": loss})
+  assert trainer_side.stop_reason() is None
+  # The object's time does not change (`ram://`: 0); its content does.
+  evaluator_step.step = 30
+  evaluator({"loss": 0.7})
+  assert trainer_side.stop_reason() == (
+      "loss has not improved on 0.5000 (step 10) for 2 evaluations "
+      "(patience 2)")
+  assert ram_urls.names(model_dir) == [".identity",
+                                       actions.EARLY_STOPPING_RECORD]
+  assert ram_urls.nothing_local(tmp_path)

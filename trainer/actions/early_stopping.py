@@ -67,18 +67,26 @@ class EarlyStopping(loop_hooks.LoopHook):
     self._path = os.path.join(model_dir, EARLY_STOPPING_RECORD)
     self._config = config
     self._step_fn = step_fn
-    self._mtime = None
+    self._version = None  # Of the record last read or written.
     self.values: Dict[int, float] = {}  # Evaluated step -> metric value.
     self.state = None  # The decision derived from `values`.
     self._reload()
 
-  def _reload(self) -> None:
+  def _record_version(self):
+    """What changes when the record is written: its modification time
+    locally; on a URL its content (an object store's times may not change:
+    `ram://` gives 0); None if there is none."""
+    if files.is_url(self._path):
+      return files.read_bytes(self._path)
     try:
-      mtime = os.stat(self._path).st_mtime_ns
+      return files.mtime(self._path)
     except FileNotFoundError:
-      return
-    if mtime != self._mtime:
-      self._mtime = mtime
+      return None
+
+  def _reload(self) -> None:
+    version = self._record_version()
+    if version is not None and version != self._version:
+      self._version = version
       record = files.read_json(self._path)
       if record and (record["metric"], record["higher_is_better"]) == (
           self._config.metric, self._config.higher_is_better):
@@ -119,7 +127,7 @@ class EarlyStopping(loop_hooks.LoopHook):
               "last_step": step}
     record.update(self.state or {})
     if files.write_json(self._path, record, root=self._model_dir):
-      self._mtime = os.stat(self._path).st_mtime_ns
+      self._version = self._record_version()
     reason = self.stop_reason()
     if reason:
       console.info(f"early stopping | {reason}")
