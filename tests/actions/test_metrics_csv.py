@@ -13,6 +13,7 @@ import trainer
 from trainer.actions import metrics_csv
 
 import helpers
+import ram_urls
 
 
 class _Clock:
@@ -205,3 +206,36 @@ def test_a_metrics_csv_that_is_not_ours_stops_train_py_before_training(
       "another --model_dir.")
   assert "train | " not in result.stdout
   assert helpers.snapshot(str(model_dir)) == before
+
+
+def _url_rows(model_dir):
+  with tf.io.gfile.GFile(f"{model_dir}/{metrics_csv.METRICS_CSV}") as f:
+    return list(csv.reader(f.read().splitlines()))
+
+
+def test_the_rows_of_a_url_model_dir_are_kept_there_across_a_resume(
+    tmp_path, monkeypatch):
+  model_dir = ram_urls.model_dir(tmp_path, monkeypatch)
+  writer, steps = _csv(model_dir)
+  for step in (100, 200, 300):  # Killed after 300's rows, saved at 200.
+    writer.train_summary(step, {"loss": step / 1000})
+    steps["step"] = step
+    writer({"loss": step / 2000})
+  resumed, steps = _csv(model_dir, step=200)
+  resumed.restarted(200)
+  resumed.train_summary(300, {"loss": 0.25})  # Appended: the object anew.
+  assert _url_rows(model_dir) == [
+      ["step", "wall_time", "split", "loss"],
+      ["100", "1001.000", "train", "0.1"],
+      ["100", "1002.000", "eval", "0.05"],
+      ["200", "1003.000", "train", "0.2"],
+      ["200", "1004.000", "eval", "0.1"],
+      ["300", "1001.000", "train", "0.25"]]
+  assert metrics_csv.last_step(model_dir) == 300
+  # Deleted during the run: written again whole.
+  tf.io.gfile.remove(f"{model_dir}/{metrics_csv.METRICS_CSV}")
+  steps["step"] = 300
+  resumed({"loss": 0.125})
+  assert len(_url_rows(model_dir)) == 7
+  assert ram_urls.names(model_dir) == [".identity", metrics_csv.METRICS_CSV]
+  assert ram_urls.nothing_local(tmp_path)

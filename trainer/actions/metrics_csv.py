@@ -173,10 +173,21 @@ class MetricsCsv(loop_hooks.LoopHook):
   def _append(self, row: Mapping[str, str]) -> bool:
     """Appends `row` to the file; returns False, writing nothing, where
     there is no file or an empty one (the first row, a file deleted): the
-    whole file is written then, through an atomic rewrite."""
+    whole file is written then, through an atomic rewrite.
+
+    On a URL the object is written anew whole (an object store cannot
+    append): the old rows or the new, never half a row.
+    """
+    if files.is_url(self.path):
+      if self._lost():
+        return False
+      line = io.StringIO()
+      csv.writer(line).writerow(self._cells(row))
+      files.append_text(self.path, line.getvalue())
+      return True
     try:
       # Not "a": it would make a deleted file again, holding one row.
-      with open(self.path, "r+", newline="", encoding="utf-8") as f:
+      with files.open_file(self.path, "r+") as f:
         if f.seek(0, os.SEEK_END) == 0:
           return False
         csv.writer(f).writerow(self._cells(row))
@@ -187,10 +198,9 @@ class MetricsCsv(loop_hooks.LoopHook):
   def _lost(self) -> Optional[str]:
     """What became of the file's rows: `deleted`, `emptied`, or None
     where they are there."""
-    try:
-      return "emptied" if os.path.getsize(self.path) == 0 else None
-    except FileNotFoundError:
+    if not files.isfile(self.path):
       return "deleted"
+    return "emptied" if files.size(self.path) == 0 else None
 
   def _cells(self, row: Mapping[str, str]) -> List[str]:
     return [row.get(column, "") for column in self._columns]
@@ -230,12 +240,12 @@ def read(path: str) -> Rows:
   """The rows of the metrics CSV at `path`, read without writing (another
   process, a sweep, reads a running trial's file)."""
   try:
-    with open(path, newline="", encoding="utf-8") as f:
-      lines = list(csv.reader(f))
-  except FileNotFoundError:
-    return Rows([], [], False)
+    text = files.read_text(path)
   except UnicodeDecodeError:
     return Rows([], [], False, foreign_header=["<not UTF-8 text>"])
+  if text is None:
+    return Rows([], [], False)
+  lines = list(csv.reader(io.StringIO(text, newline="")))
   if not lines:
     return Rows([], [], False)  # Empty: nothing to keep.
   if tuple(lines[0][:len(KEYS)]) != KEYS:
