@@ -16,6 +16,7 @@ from trainer.storage import checkpoints
 from trainer.storage import evaluated
 
 import helpers
+import ram_urls
 
 
 def _write_checkpoints(model_dir, steps):
@@ -162,3 +163,27 @@ def test_a_slower_evaluator_process_beside_training_misses_nothing(tmp_path):
                                           record["checkpoint"]))
   assert copied["global_step/.ATTRIBUTES/VARIABLE_VALUE"] == best_step
   assert any(".OPTIMIZER_SLOT/optimizer/m/" in name for name in copied)
+
+
+def test_the_checkpoints_of_a_url_model_dir_are_evaluated_once_there(
+    tmp_path, monkeypatch, capsys):
+  model_dir = ram_urls.model_dir(tmp_path, monkeypatch)
+  _write_checkpoints(model_dir, [10, 20, 30])
+  for path in tf.io.gfile.glob(f"{model_dir}/ckpt-20.*"):
+    tf.io.gfile.remove(path)  # Deleted before its turn.
+
+  def evaluate(prefix):  # ckpt-10 is there but damaged.
+    if checkpoints.number(prefix) == 10 or not tf.io.gfile.exists(
+        prefix + ".index"):
+      raise errors.ConfigError(f"no checkpoint in {prefix} can be restored")
+    return checkpoints.number(prefix), {"loss": 1.0}
+
+  continuous_eval.run(model_dir, evaluate, train_steps=30, timeout=5)
+  out = capsys.readouterr().out
+  assert (f"continuous_eval | skipped {model_dir}/ckpt-10: it cannot be "
+          "restored") in out
+  assert (f"continuous_eval | missed {model_dir}/ckpt-20: deleted before it "
+          "was evaluated") in out
+  assert evaluated.steps(model_dir) == {30}
+  assert evaluated.RECORD in ram_urls.names(model_dir)
+  assert ram_urls.nothing_local(tmp_path)

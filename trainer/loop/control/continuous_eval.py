@@ -15,7 +15,6 @@ once every set is evaluated: an evaluator stopped between two sets records
 nothing, and the checkpoint stays until it is evaluated whole.
 """
 
-import os
 import time
 from typing import Any, Callable, Dict, Optional, Set, Tuple
 
@@ -25,6 +24,7 @@ from trainer import console
 from trainer import errors
 from trainer.storage import checkpoints
 from trainer.storage import evaluated as evaluated_lib
+from trainer.storage import files
 
 # A checkpoint path -> (its step, the eval results).
 EvaluateFn = Callable[[str], Tuple[int, Dict[str, Any]]]
@@ -116,7 +116,7 @@ def _evaluate(evaluate_fn: EvaluateFn, prefix: str):
     return evaluate_fn(prefix)
   # A checkpoint the trainer deletes while it is read: NotFoundError.
   except (errors.ConfigError, OSError, tf.errors.NotFoundError) as e:
-    if os.path.exists(prefix + ".index"):
+    if files.exists(prefix + ".index"):
       console.log(f"cannot evaluate {prefix}: {e}")
       console.info(
           f"continuous_eval | skipped {prefix}: it cannot be restored")
