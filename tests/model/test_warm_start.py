@@ -22,6 +22,7 @@ from tasks import digits_pipeline
 from tasks import recommendation
 
 import helpers
+import ram_urls
 
 
 class _BackboneHead(helpers.ConfiguredRegression):
@@ -452,3 +453,27 @@ def test_train_py_warm_starts_from_a_save_weights_checkpoint(tmp_path):
   for ours, theirs in zip(trained.weights, saved.weights):
     np.testing.assert_array_equal(ours.numpy(), theirs.numpy(),
                                   err_msg=ours.name)
+
+
+def test_a_checkpoint_in_a_url_directory_is_found_there(source, tmp_path,
+                                                        monkeypatch):
+  directory = ram_urls.model_dir(tmp_path, monkeypatch, mark=False)
+  tf.io.gfile.makedirs(directory)
+  prefix = tf.train.latest_checkpoint(source)
+  for path in tf.io.gfile.glob(prefix + ".*"):
+    tf.io.gfile.copy(path, f"{directory}/{os.path.basename(path)}")
+  tf.compat.v1.train.update_checkpoint_state(
+      directory, os.path.join(directory, os.path.basename(prefix)))
+  url_prefix = f"{directory}/{os.path.basename(prefix)}"
+  assert warm_start.resolve_checkpoint(directory) == url_prefix
+  # (A prefix itself is not tried: `ram://` takes it for a folder, as a
+  # bucket does not.)
+  with pytest.raises(trainer.ConfigError, match=re.escape(
+      f"`warm_start.checkpoint` ({directory}/ckpt-7) names no checkpoint.")):
+    warm_start.resolve_checkpoint(f"{directory}/ckpt-7")
+  model = _BackboneHead().build_model()
+  warm_start.restore(model, warm_start.WarmStartConfig(checkpoint=directory))
+  trained = _source_model(source)
+  for name, value in _weights(model).items():
+    np.testing.assert_array_equal(value, trained[name])
+  assert ram_urls.nothing_local(tmp_path)

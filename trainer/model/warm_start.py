@@ -9,7 +9,6 @@ Sequential models), as Model Garden's `init_checkpoint_modules` does.
 """
 
 import dataclasses
-import os
 import re
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -21,6 +20,7 @@ from trainer import checks
 from trainer import console
 from trainer import errors
 from trainer.storage import checkpoints
+from trainer.storage import files
 
 _VARIABLE = re.compile(r"<tf\.Variable '([^']+?)(?::\d+)?' shape=(\([^)]*\))")
 
@@ -85,8 +85,8 @@ def resolve_checkpoint(path: str) -> str:
   Raises:
     errors.ConfigError: If there is no checkpoint there.
   """
-  prefix = tf.train.latest_checkpoint(path) if os.path.isdir(path) else path
-  if prefix is None or not tf.io.gfile.exists(prefix + ".index"):
+  prefix = tf.train.latest_checkpoint(path) if files.isdir(path) else path
+  if prefix is None or not files.exists(prefix + ".index"):
     raise errors.ConfigError(
         f"`warm_start.checkpoint` ({path}) names no checkpoint.")
   return prefix
