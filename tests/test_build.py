@@ -1,6 +1,7 @@
 """The build layer: what a checkpoint holds, the parts of a mode and the
 controller's actions, built as `train.py` builds them."""
 
+import json
 import types
 
 import pytest
@@ -12,8 +13,10 @@ from trainer import actions
 from trainer import build
 from trainer import errors
 from trainer.storage import checkpoints
+from trainer.storage import exports
 
 import helpers
+import ram_urls
 
 
 def _parts(mode, **settings):
@@ -111,3 +114,27 @@ def test_keras_callbacks_need_one_model():
   assert str(raised.value) == (
       "`trainer.callbacks` needs a Task with one model: a Keras callback "
       "gets one `model`, and this Task builds 2 (generator, critic).")
+
+
+def test_a_url_write_dir_holds_the_best_checkpoint_and_its_export(
+    tmp_path, monkeypatch):
+  """(The copy of a restored checkpoint, `save_best`'s other way, is
+  `checkpoints.copy`, tested on a URL in test_checkpoints: a restore from
+  `ram://` fails, which takes a checkpoint's prefix for a folder.)"""
+  write_dir = ram_urls.model_dir(tmp_path, monkeypatch)
+  parts = _parts("train_and_eval", validation_interval=2,
+                 best_checkpoint=actions.BestCheckpointConfig(
+                     metric="loss", higher_is_better=False),
+                 export=exports.ExportConfig(best=True))
+  build.controller(parts, write_dir).train_and_evaluate(4, eval_interval=2)
+  record = json.loads(tf.io.gfile.GFile(
+      f"{write_dir}/best/{actions.BEST_RECORD}").read())
+  names = ram_urls.names(f"{write_dir}/best")
+  assert [name for name in names if name.startswith("ckpt-")] == [
+      f"{record['checkpoint']}.data-00000-of-00001",
+      f"{record['checkpoint']}.index"]
+  assert f"{record['export']}/.complete" in names
+  tf.saved_model.load(f"{write_dir}/best/{record['export']}")
+  assert {"metrics.csv", "eval/evaluated.json"} <= set(
+      ram_urls.names(write_dir))
+  assert ram_urls.nothing_local(tmp_path)
