@@ -3,9 +3,9 @@
 TensorFlow's in-process `ram://` file system stands in for `gs://`: the
 framework reaches both through `tf.io.gfile`, and a path written through
 `os` instead would make a local folder named `ram:`. It lives in the test's
-process only, so only in-process runs can use it. Where it differs from an
-object store, `model_dir` makes it behave as one: a file written again
-(`w`) replaces the old one, as a `gs://` object does (`ram://` appends).
+process only, so only in-process runs can use it. (Where it differs from
+an object store, appending to a file opened for writing, the file layer
+removes the old file first.)
 """
 
 import os
@@ -15,23 +15,11 @@ import tensorflow as tf
 from trainer.storage import files
 
 
-class _ReplacingGFile(tf.io.gfile.GFile):
-  """`tf.io.gfile.GFile` whose writes replace a `ram://` file, as writes
-  replace an object on `gs://`."""
-
-  def __init__(self, name, mode="r"):
-    if "w" in mode and str(name).startswith("ram://") and (
-        tf.io.gfile.exists(name)):
-      tf.io.gfile.remove(name)
-    super().__init__(name, mode)
-
-
 def model_dir(tmp_path, monkeypatch, mark: bool = True) -> str:
   """A `ram://` model_dir unique to the test, taken by the run (`mark`:
   given its identity, as the run gives it); the working directory moved to
   `tmp_path`, where `nothing_local` looks."""
   monkeypatch.chdir(tmp_path)
-  monkeypatch.setattr(tf.io.gfile, "GFile", _ReplacingGFile)
   url = f"ram://{tmp_path.name}/run"
   if mark:
     files.mark_directory(url)

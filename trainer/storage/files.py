@@ -192,8 +192,9 @@ def walk(top: str) -> Iterator[Tuple[str, List[str], List[str]]]:
   down, as `os.walk` does."""
   if is_url(top):
     for directory, folders, names in _gfile().walk(top):
-      yield (directory.rstrip("/"), [f.rstrip("/") for f in folders],
-             list(names))
+      # In place: `gfile.walk` descends into what the caller leaves of it.
+      folders[:] = [folder.rstrip("/") for folder in folders]
+      yield directory.rstrip("/"), folders, names
     return
   yield from os.walk(_local(top))
 
