@@ -1,9 +1,12 @@
 """`config_changes`: the bindings of two operative configs, compared."""
 
+import os
+
 import gin
 
 from trainer.report import config_changes
 from trainer.report import summaries
+from trainer.storage import files
 
 _OLD = """import tasks.digits
 
@@ -70,3 +73,18 @@ def test_the_operative_config_written_reads_back(tmp_path):
       "changes_probe.rate": "1e-12", "changes_probe.name": "'x'"}
   assert config_changes.operative() == config_changes.read(str(tmp_path))
   assert config_changes.read(str(tmp_path / "none")) is None
+
+
+def test_the_config_is_read_from_a_url(tmp_path, monkeypatch):
+  """From a `gs://` model_dir (here `ram://`), not a local `gs:` folder."""
+  monkeypatch.chdir(tmp_path)
+  model_dir, damaged = (f"ram://{tmp_path.name}/{name}"
+                        for name in ("run", "damaged"))
+  assert config_changes.read(model_dir) is None
+  files.write_text(os.path.join(model_dir, summaries.OPERATIVE_CONFIG_FILE),
+                   _OLD)
+  files.write_bytes(os.path.join(damaged, summaries.OPERATIVE_CONFIG_FILE),
+                    b"\xff not text")
+  assert config_changes.read(model_dir) == config_changes.bindings(_OLD)
+  assert config_changes.read(damaged) is None
+  assert not os.listdir(tmp_path)

@@ -1,10 +1,13 @@
 """Summary helpers: scalars, images and the operative config, read back."""
 
+import os
+
 import gin
 import numpy as np
 import tensorflow as tf
 
 from trainer.report import summaries
+from trainer.storage import files
 
 import helpers
 
@@ -123,3 +126,29 @@ def test_eval_summaries_after_model_dir_is_deleted_make_nothing(tmp_path):
                            {"digit": np.full((2, 2, 1), 0.5, np.float32)},
                            step=5, model_dir=str(model_dir))
     assert not model_dir.exists(), runs
+
+
+def test_the_operative_config_and_images_land_under_a_url(tmp_path,
+                                                          monkeypatch):
+  """A `gs://` model_dir (here `ram://`) holds them; nothing is local."""
+  monkeypatch.chdir(tmp_path)
+  model_dir = f"ram://{tmp_path.name}/run"
+  files.mark_directory(model_dir)  # As `model_dir` takes a URL folder.
+
+  @gin.configurable("url_probe")
+  def probe(value=1):
+    return value
+
+  gin.parse_config("url_probe.value = 7")
+  assert probe() == 7
+  writer = summaries.LazyWriter(os.path.join(model_dir, "train"), model_dir)
+  path = summaries.write_operative_config(model_dir, writer, step=0)
+  summaries.write_images(os.path.join(model_dir, "eval"),
+                         {"a/digit": np.full((2, 2, 1), 0.5, np.float32)},
+                         step=5, model_dir=model_dir)
+  assert path == f"{model_dir}/operative_config.gin"
+  assert "url_probe.value = 7" in files.read_text(path)
+  assert files.listdir(os.path.join(model_dir, "eval", "images")) == [
+      "a_digit-5.png"]
+  assert files.glob(os.path.join(model_dir, "train", "events.out.*"))
+  assert not os.listdir(tmp_path)

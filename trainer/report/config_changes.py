@@ -19,8 +19,10 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import gin
 from gin import config_parser
+import tensorflow as tf
 
 from trainer.report import summaries
+from trainer.storage import files
 
 
 class _Reference:
@@ -69,9 +71,10 @@ def read(directory: str) -> Optional[Dict[str, str]]:
   none (the run before ended before its first loop) or it cannot be read."""
   path = os.path.join(directory, summaries.OPERATIVE_CONFIG_FILE)
   try:
-    with open(path, encoding="utf-8") as f:
-      return bindings(f.read())
-  except (OSError, SyntaxError, ValueError):
+    text = files.read_text(path)
+    return None if text is None else bindings(text)
+  # A URL's read fails with TensorFlow's errors, not `OSError`.
+  except (OSError, tf.errors.OpError, SyntaxError, ValueError):
     return None
 
 

@@ -42,7 +42,8 @@ _COORDINATOR = "tensorflow/python/distribute/coordinator/"
 
 
 def _has_gpu_device_node() -> bool:
-  return bool(glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/dxg"))
+  return bool(glob.glob("/dev/nvidia[0-9]*") or  # local-path: device nodes
+              os.path.exists("/dev/dxg"))  # local-path: a device node
 
 
 def probe_devices() -> List[tf.config.PhysicalDevice]:
@@ -53,7 +54,7 @@ def probe_devices() -> List[tf.config.PhysicalDevice]:
   """
   sys.stderr.flush()
   saved = os.dup(2)
-  with tempfile.TemporaryFile() as captured:
+  with tempfile.TemporaryFile() as captured:  # local-path: our own stderr
     os.dup2(captured.fileno(), 2)
     try:
       devices = tf.config.list_physical_devices()
