@@ -14,6 +14,7 @@ import tf_keras
 
 import helpers
 from trainer.data import data_loss
+from trainer.storage import files
 
 
 
@@ -75,6 +76,27 @@ def test_a_corrupted_record_names_the_shards_it_may_be_in(tmp_path):
       f"the input data is damaged: one of {paths[0]}, {paths[1]} holds a "
       "corrupted record at byte 360 (corrupted record at 360"), line
   assert "\n" not in line
+
+
+def test_a_truncated_shard_at_a_url_is_named(tmp_path, monkeypatch):
+  """Shards in a bucket (here `ram://`) are found and read there."""
+  local = _shards(str(tmp_path / "local"), [30, 30])
+  (tmp_path / "cwd").mkdir()
+  monkeypatch.chdir(tmp_path / "cwd")
+  data_dir = f"ram://{tmp_path.name}/data"
+  paths = [os.path.join(data_dir, os.path.basename(p)) for p in local]
+  files.copy(local[0], paths[0])
+  # Record 20 of the second shard is cut.
+  files.write_bytes(paths[1], files.read_bytes(local[1])[:20 * 116 + 50])
+  dataset = tf.data.Dataset.from_tensor_slices(paths).interleave(
+      tf.data.TFRecordDataset)
+  line = data_loss.describe(_error(dataset), dataset)
+  assert line.startswith(f"the input data is damaged: {paths[1]} holds a "
+                         "truncated record at byte 2320 "), line
+  # A string of a scheme TensorFlow cannot read is no file.
+  assert data_loss.files_read(tf.data.Dataset.from_tensor_slices(
+      ["http://example.com/x"] + paths)) == paths
+  assert not os.listdir(tmp_path / "cwd")
 
 
 class TinyRecords(tfds.core.GeneratorBasedBuilder):  # pylint: disable=abstract-method

@@ -16,7 +16,6 @@ the checkpoint (`TensorBundle at <prefix> shard 0`), and so does the line:
 a checkpoint is never called input data.
 """
 
-import os
 import re
 import struct
 from typing import Iterator, List, Optional
@@ -24,6 +23,7 @@ from typing import Iterator, List, Optional
 import tensorflow as tf
 
 from trainer import user_errors
+from trainer.storage import files
 
 _OFFSET = re.compile(r"(truncated|corrupted) record at (\d+)")
 _BUNDLE = re.compile(r"TensorBundle at (\S+) shard \d+")
@@ -47,6 +47,16 @@ def _string_constants(graph: tf.compat.v1.GraphDef) -> Iterator[bytes]:
     yield from tf.reshape(values, [-1]).numpy()
 
 
+def _is_file(name: str) -> bool:
+  """Whether the string `name` is the path of a file (local or a URL)."""
+  try:
+    return files.isfile(name)
+  # A string such as `http://...`, of a scheme TensorFlow has no file
+  # system for, is no file here.
+  except tf.errors.OpError:
+    return False
+
+
 def files_read(dataset: tf.data.Dataset) -> List[str]:
   """The existing files named by `dataset`'s constants, in order."""
   graph = tf.compat.v1.GraphDef()
@@ -54,7 +64,7 @@ def files_read(dataset: tf.data.Dataset) -> List[str]:
   found = []
   for value in _string_constants(graph):
     name = value.decode("utf-8", "replace")
-    if name not in found and os.path.isfile(name):
+    if name not in found and _is_file(name):
       found.append(name)
   return found
 
@@ -62,9 +72,9 @@ def files_read(dataset: tf.data.Dataset) -> List[str]:
 def _record_at(path: str, offset: int) -> Optional[bool]:
   """Walks `path`'s record headers: None if no record starts at `offset`,
   else whether the record there runs past the file's end."""
-  size = os.path.getsize(path)
+  size = files.size(path)
   position = 0
-  with open(path, "rb") as f:
+  with files.open_file(path, "rb") as f:
     while position < offset:
       f.seek(position)
       header = f.read(_HEADER)
