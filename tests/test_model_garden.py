@@ -27,6 +27,7 @@ import tf_keras
 from trainer import errors
 from trainer import gin_config
 from trainer import model_garden
+from trainer.storage import files
 
 import helpers
 
@@ -638,6 +639,21 @@ def test_experiment_configs_are_checked(kwargs, message):
     model_garden.experiment_config(**kwargs)
   assert str(raised.value).startswith(message)
   assert "\n" not in str(raised.value)
+
+
+def test_a_config_file_at_a_url_is_read_there(tmp_path, monkeypatch):
+  """`config_file = 'gs://...'` (here `ram://`), not a local `gs:` path."""
+  import official.utils.testing.mock_task  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  monkeypatch.chdir(tmp_path)
+  path = f"ram://{tmp_path.name}/experiment.yaml"
+  files.write_text(path, "trainer:\n  train_steps: 30\n")
+  params = model_garden.experiment_config("mock", config_file=path)
+  assert params.trainer.train_steps == 30
+  with pytest.raises(errors.ConfigError) as raised:
+    model_garden.experiment_config("mock", config_file=path + ".missing")
+  assert str(raised.value) == (
+      f"`model_garden_task.config_file`: no such file: {path}.missing")
+  assert not os.listdir(tmp_path)
 
 
 # A user's own experiment, reached through a gin `import`.

@@ -56,6 +56,7 @@ from trainer.data import inputs as inputs_lib
 from trainer.model import ema as ema_lib
 from trainer.model import optimization
 from trainer.model import task as task_lib
+from trainer.storage import files
 
 if typing.TYPE_CHECKING:
   from official.core import base_task
@@ -266,13 +267,15 @@ def _one_line(error: BaseException) -> str:
 
 
 def _find_file(path: str) -> str:
-  """`path` as given, or below this repository where it is not found in the
+  """`path` as given (a URL too: Model Garden reads it through
+  `tf.io.gfile`), or below this repository where it is not found in the
   working directory (as gin files are found)."""
-  if os.path.isabs(path) or os.path.exists(path):
+  if files.is_url(path) or os.path.isabs(path) or files.exists(path):
     return path
-  repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  repository = os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))  # local-path: this repository
   candidate = os.path.join(repository, path)
-  return candidate if os.path.exists(candidate) else path
+  return candidate if files.exists(candidate) else path
 
 
 def experiment_config(experiment: str,
@@ -297,11 +300,12 @@ def experiment_config(experiment: str,
     params = exp_factory.get_exp_config(experiment)
   except LookupError:
     raise _unknown_experiment(experiment) from None
-  files = ([config_file] if isinstance(config_file, str)
-           else list(config_file or ()))
-  for path in files:
+  config_files = ([config_file] if isinstance(config_file, str)
+                  else list(config_file or ()))
+  for path in config_files:
+    files.check_path(path, f"`{NAME}.config_file`")
     found = _find_file(path)
-    if not os.path.isfile(found):
+    if not files.isfile(found):
       raise errors.ConfigError(f"`{NAME}.config_file`: no such file: {path}")
     _override(params, found, f"`{NAME}.config_file` ({path})")
   if params_override:
