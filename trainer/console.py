@@ -111,7 +111,7 @@ def interactive() -> bool:
 
 def columns() -> int:
   """The terminal's width in characters (80 where it does not say)."""
-  return shutil.get_terminal_size().columns
+  return shutil.get_terminal_size().columns  # local-path: no path at all
 
 
 def status(message: str, log: Optional[str] = None) -> None:

@@ -33,7 +33,10 @@ HOOKS = frozenset([
     "process_metrics", "train_step", "compute_gradients", "validation_step",
     "aggregate_logs", "reduce_aggregated_logs", "mixture_rates"])
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# Paths of source files (this package's, a traceback's): local by
+# construction, as Python imported them from there.
+_PACKAGE_DIR = os.path.dirname(
+    os.path.abspath(__file__))  # local-path: this package's source
 _REPO_ROOT = os.path.dirname(_PACKAGE_DIR)
 _TASK_FILE = os.path.join(_PACKAGE_DIR, "model", "task.py")
 _FRAMEWORK_PATHS = (_PACKAGE_DIR + os.sep, os.path.join(_REPO_ROOT, "train.py"),
@@ -82,20 +85,22 @@ def _library_paths() -> tuple:
     module = sys.modules.get(name)
     for path in getattr(module, "__path__", None) or []:
       paths.add(path)
-  return tuple(os.path.join(os.path.realpath(p), "") for p in paths if p)
+  return tuple(os.path.join(os.path.realpath(p), "")  # local-path: sources
+               for p in paths if p)
 
 
 def is_user_file(filename: str) -> bool:
   """Whether `filename` holds the user's code, not a library's or ours."""
   if filename.startswith("<") or "__autograph_generated_file" in filename:
     return False
-  path = os.path.abspath(filename)
+  path = os.path.abspath(filename)  # local-path: a source file's name
   if path.startswith(_FRAMEWORK_PATHS):
     return False
   parts = path.split(os.sep)
   if "site-packages" in parts or "dist-packages" in parts:
     return False
-  return not os.path.realpath(path).startswith(_library_paths())
+  real = os.path.realpath(path)  # local-path: a source file's name
+  return not real.startswith(_library_paths())
 
 
 def _chain(error: BaseException) -> Iterator[BaseException]:
@@ -155,7 +160,7 @@ def _user_code(error: BaseException
 @functools.lru_cache(maxsize=64)
 def _syntax_tree(filename: str) -> Optional[ast.AST]:
   try:
-    with open(filename, encoding="utf-8") as f:
+    with open(filename, encoding="utf-8") as f:  # local-path: source code
       return ast.parse(f.read(), filename)
   except (OSError, SyntaxError, ValueError):
     return None
@@ -189,7 +194,7 @@ def _enclosing_names(filename: str, lineno: int) -> List[str]:
 
 def display_path(filename: str) -> str:
   """`filename` relative to the working directory where it lies below it."""
-  relative = os.path.relpath(os.path.abspath(filename))
+  relative = os.path.relpath(os.path.abspath(filename))  # local-path: source
   return filename if relative.startswith(os.pardir) else relative
 
 
