@@ -1,9 +1,10 @@
 """The configuration: gin files and bindings in, the configured Task,
 runtime and trainer settings out, every problem one line.
 
-Gin files are found in the working directory or in this repository; a gin
-file may `import` a user's module kept in the working directory or beside
-it. Errors keep gin's file and line, and unknown names get a did-you-mean.
+Gin files are found in the working directory or in this repository, or
+read from a URL (`--gin_file=gs://bucket/exp.gin`); a local gin file may
+`import` a user's module kept in the working directory or beside it.
+Errors keep gin's file and line, and unknown names get a did-you-mean.
 """
 
 import contextlib
@@ -24,8 +25,20 @@ from trainer import model_garden  # Registers `model_garden_task`.
 from trainer import runtime as runtime_lib
 from trainer import user_errors
 from trainer.model import task as task_lib
+from trainer.storage import files
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))  # local-path: this repository
+
+
+def _is_gin_file_at_url(path: str) -> bool:
+  return files.is_url(path) and files.isfile(path)
+
+
+# Gin reads files with `open`, which takes `gs://b/x.gin` for a local path:
+# a gin file (or an `include`) at a URL is read through the file layer, as
+# `gin.tf` registers `tf.io.gfile` (it cannot be imported on TF 2.20).
+gin.config.register_file_reader(files.open_file, _is_gin_file_at_url)
 
 
 @gin.configurable("experiment")
@@ -139,11 +152,12 @@ def load_config(gin_files: Sequence[str], gin_params: Sequence[str]
         "no --gin_file given; try --gin_file=gin/digits.gin")
   found = [_find_gin_file(path) for path in gin_files]
   # Gin files may `import` a user's module kept in the working directory or
-  # beside the gin file, and name repository configs (`gin/digits.gin`)
-  # from anywhere.
+  # beside the gin file (not at a URL: Python imports nothing from there),
+  # and name repository configs (`gin/digits.gin`) from anywhere.
   module_dirs = [os.getcwd()] + [
       os.path.dirname(path) for path in found
-      if not path.startswith(os.path.join(REPO_ROOT, "gin", ""))]
+      if not files.is_url(path) and
+      not path.startswith(os.path.join(REPO_ROOT, "gin", ""))]
   for directory in reversed(list(dict.fromkeys(module_dirs))):
     if directory not in sys.path:
       sys.path.insert(0, directory)
@@ -198,16 +212,18 @@ def _quiet_package_lookups():
 
 def _find_gin_file(path: str) -> str:
   """Returns the absolute path of `path`, relative to the working directory
-  or to this repository.
+  or to this repository; a URL as it is.
 
   Raises:
-    errors.ConfigError: If it is neither.
+    errors.ConfigError: If it is neither, or a URL this process cannot read
+      (`gs:/one-slash`, `s3://`).
   """
-  for base in ("", REPO_ROOT):
+  files.check_path(path, "--gin_file")
+  for base in ("",) if files.is_url(path) else ("", REPO_ROOT):
     candidate = os.path.join(base, path)
-    if os.path.isfile(candidate):
-      return os.path.abspath(candidate)
-    if os.path.isdir(candidate):
+    if files.isfile(candidate):
+      return files.absolute(candidate)
+    if files.isdir(candidate):
       raise errors.ConfigError(f"--gin_file: {path} is a directory, not a "
                                "gin file.")
   raise errors.ConfigError(f"--gin_file: no such file: {path}")
