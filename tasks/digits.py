@@ -46,7 +46,7 @@ def load_digits() -> Tuple[np.ndarray, np.ndarray]:
   roots = spec.submodule_search_locations if spec else None
   for root in roots or []:
     path = os.path.join(root, "datasets", "data", "digits.csv.gz")
-    if os.path.exists(path):
+    if os.path.exists(path):  # local-path: scikit-learn's installed file
       table = np.loadtxt(path, delimiter=",")
       # Both are new arrays: the reshape of a column slice copies.
       images, labels = table[:, :-1].reshape(-1, 8, 8), table[:, -1]

@@ -34,6 +34,7 @@ from tasks import tfds_inputs
 from trainer import errors
 from trainer import graph_code
 from trainer.data import inputs
+from trainer.storage import files
 
 NAME = "KerasModelTask"
 # Labels with their sample weights: what an `(x, y, w)` example's label
@@ -127,7 +128,7 @@ class KerasModelTask(trainer.Task):
     self.initial_weights = initial_weights
     self._check_model()
     self._check_data()
-    if initial_weights is not None and not tf.io.gfile.exists(initial_weights):
+    if initial_weights is not None and not files.exists(initial_weights):
       raise errors.ConfigError(
           f"`{NAME}.initial_weights` ({initial_weights}) does not exist.")
 

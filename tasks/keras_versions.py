@@ -25,9 +25,8 @@ import sys
 import zipfile
 from typing import Any, Optional
 
-import tensorflow as tf
-
 from trainer import errors
+from trainer.storage import files
 
 ROUTE = ("build the same architecture with tf_keras in a model function "
          "(`KerasModelTask.model = @my_model`: `import tf_keras as keras`, "
@@ -83,13 +82,13 @@ def saved_by(path: str) -> Optional[str]:
   (`keras_metadata.pb`), "" for a SavedModel without one; None where the
   file says nothing (or is no model file: tf_keras's load then says why).
   """
-  if tf.io.gfile.isdir(path):
-    if not tf.io.gfile.exists(os.path.join(path, "saved_model.pb")):
+  if files.isdir(path):
+    if not files.exists(os.path.join(path, "saved_model.pb")):
       return None
-    return ("2" if tf.io.gfile.exists(os.path.join(path, "keras_metadata.pb"))
+    return ("2" if files.exists(os.path.join(path, "keras_metadata.pb"))
             else "")
   try:
-    with tf.io.gfile.GFile(path, "rb") as f:
+    with files.open_file(path, "rb") as f:
       head = f.read(8)
       f.seek(0)
       if head.startswith(b"PK"):
@@ -115,7 +114,7 @@ def check_model_file(setting: str, path: str) -> None:
       Keras 3 (with the route that works), a SavedModel without a Keras
       model in it.
   """
-  if not tf.io.gfile.exists(path):
+  if not files.exists(path):
     raise errors.ConfigError(f"`{setting}` ({path}) does not exist.")
   version = saved_by(path)
   if version == "":

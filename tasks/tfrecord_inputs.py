@@ -23,6 +23,7 @@ import gin
 import tensorflow as tf
 
 from trainer import errors
+from trainer.storage import files
 
 AUTOTUNE = tf.data.AUTOTUNE
 DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}
@@ -109,20 +110,20 @@ class TFRecordSource:
       errors.ConfigError: If no file matches the pattern.
     """
     pattern = self.train_files if training else self.eval_files
-    paths = tf.io.gfile.glob(pattern)
+    paths = files.glob(pattern)
     if not paths:
       raise errors.ConfigError(
           f"`TFRecordSource.{'train' if training else 'eval'}_files`: no "
           f"file matches {pattern!r}.")
-    files = tf.data.Dataset.from_tensor_slices(sorted(paths))
+    shards = tf.data.Dataset.from_tensor_slices(sorted(paths))
     pipelines = input_context.num_input_pipelines if input_context else 1
     by_file = pipelines > 1 and len(paths) >= pipelines
     if by_file:
-      files = files.shard(pipelines, input_context.input_pipeline_id)
+      shards = shards.shard(pipelines, input_context.input_pipeline_id)
     if training:
-      files = files.shuffle(len(paths), seed=seed,
-                            reshuffle_each_iteration=True)
-    records = files.interleave(
+      shards = shards.shuffle(len(paths), seed=seed,
+                              reshuffle_each_iteration=True)
+    records = shards.interleave(
         lambda path: tf.data.TFRecordDataset(
             path, compression_type=self.compression_type),
         cycle_length=min(len(paths), 16), num_parallel_calls=AUTOTUNE)

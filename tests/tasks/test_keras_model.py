@@ -3,6 +3,7 @@ them, checked against tf_keras's `Model.fit` on the digits; Keras 3 models
 and files refused in one line naming the route that works, and that route
 checked."""
 
+import os
 import zipfile
 
 import gin
@@ -20,6 +21,7 @@ from trainer import errors
 from trainer import experiment
 from trainer import gin_config
 from trainer.model import optimization
+from trainer.storage import files
 
 import helpers
 
@@ -590,6 +592,26 @@ def test_keras3_files_are_refused_naming_the_route(keras3, tmp_path):
         "(`KerasModelTask.model = @my_model`: `import tf_keras as keras`, or "
         "`tf.keras` after `import trainer`) and start from its weights with "
         f"`KerasModelTask.initial_weights = \"{keras3[kind]}\"`.")
+
+
+def test_model_files_at_a_url_are_checked_there(keras3, tmp_path,
+                                               monkeypatch):
+  """A Keras 3 file in a bucket (here `ram://`) is told by its bytes there;
+  a missing one is named; nothing local is looked at or made."""
+  monkeypatch.chdir(tmp_path)
+  bucket = f"ram://{tmp_path.name}/models"
+  for kind in ("keras", "h5"):
+    path = f"{bucket}/model.{kind}"
+    files.copy(keras3[kind], path)
+    with pytest.raises(errors.ConfigError, match=(
+        rf"^`KerasModelTask.model_file` \({path}\) was saved by Keras 3\.")):
+      _configured(tmp_path, f"KerasModelTask.model_file = '{path}'")
+  gin.clear_config(clear_constants=True)
+  with pytest.raises(errors.ConfigError, match=(
+      rf"^`KerasModelTask.initial_weights` \({bucket}/missing.keras\) does "
+      "not exist.")):
+    _task(initial_weights=f"{bucket}/missing.keras")
+  assert not os.listdir(tmp_path)
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """Reading the user's TFRecord files: the schema, file and example sharding
 over input pipelines, and training a shipped task from them."""
 
+import os
 
 import pytest
 import tensorflow as tf
@@ -9,6 +10,7 @@ import trainer
 from tasks import mnist
 from tasks import tfrecord_inputs
 from trainer import experiment
+from trainer.storage import files
 
 import helpers
 
@@ -43,6 +45,22 @@ def test_keys_default_to_the_first_string_and_int64_features(tmp_path):
 def _read_all(source, training, context=None):
   return [(bytes(image), int(label)) for image, label in
           source.read(training, context).as_numpy_iterator()]
+
+
+def test_files_at_a_url_are_matched_and_read_there(tmp_path, monkeypatch):
+  """`train_files = 'gs://bucket/data-*.tfrecord'` (here `ram://`)."""
+  local = helpers.write_image_records(str(tmp_path / "local"), 2, 3)
+  (tmp_path / "cwd").mkdir()
+  monkeypatch.chdir(tmp_path / "cwd")
+  bucket = f"ram://{tmp_path.name}/data"
+  for path in files.glob(local):
+    files.copy(path, os.path.join(bucket, os.path.basename(path)))
+  source = _source(os.path.join(bucket, "data-*.tfrecord"))
+  assert _read_all(source, training=False) == _read_all(
+      _source(local), training=False)
+  with pytest.raises(trainer.ConfigError, match="no file matches"):
+    _source(os.path.join(bucket, "none-*")).read(training=True)
+  assert not os.listdir(tmp_path / "cwd")
 
 
 @pytest.mark.parametrize("num_files", [4, 1])
