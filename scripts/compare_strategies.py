@@ -29,7 +29,8 @@ import tempfile
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))  # local-path: this repository
 sys.path.insert(0, REPO_ROOT)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -38,6 +39,7 @@ from absl import flags
 
 from tasks import fake_data
 from trainer import cli
+from trainer.storage import files
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("variant", [], "NAME=ITEM,ITEM,...: gin files "
@@ -92,8 +94,7 @@ def read_scalars(log_dir: str) -> Dict[str, List[Tuple[int, float]]]:
   """Returns `{tag: [(step, value), ...]}` from the event files of a run."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   scalars = {}
-  for path in sorted(tf.io.gfile.glob(os.path.join(
-      log_dir, "events.out.tfevents.*"))):
+  for path in files.glob(os.path.join(log_dir, "events.out.tfevents.*")):
     for event in tf.compat.v1.train.summary_iterator(path):
       for value in event.summary.value:
         if value.metadata.plugin_data.plugin_name == "scalars":
@@ -117,7 +118,9 @@ def run_variant(gin_files: Sequence[str], bindings: Sequence[str],
           f"--gin_param=trainer.checkpoint_interval={steps * 10}",
           "--gin_param=trainer.validation_interval=0",
           "--gin_param=trainer.batch_scaling=None"]
-  with open(os.path.join(model_dir, "log.txt"), "w") as log:
+  # A subprocess's stdout: a local file, in this script's temporary folder.
+  log_path = os.path.join(model_dir, "log.txt")
+  with open(log_path, "w") as log:  # local-path: our own temporary folder
     process = subprocess.Popen(args, cwd=REPO_ROOT, stdout=log,
                                stderr=subprocess.STDOUT)
     # `wait4` gives this child's own peak memory (`RUSAGE_CHILDREN` would
@@ -132,7 +135,7 @@ def run_variant(gin_files: Sequence[str], bindings: Sequence[str],
         process.kill()
     returncode = os.waitstatus_to_exitcode(status)
   if returncode != 0:
-    with open(os.path.join(model_dir, "log.txt")) as log:
+    with open(log_path) as log:  # local-path: our own temporary folder
       last = (log.read().strip().splitlines() or ["?"])[-1]
     if returncode < 0:
       last = f"killed after {timeout:g} s" if not timer.is_alive() else last
@@ -158,17 +161,17 @@ def main(task_files: List[str], task: trainer.Task,
   except ValueError as e:
     cli.fail(str(e), program="compare_strategies.py")
   results = {}
-  with tempfile.TemporaryDirectory() as root:
+  with tempfile.TemporaryDirectory() as root:  # local-path: our own folder
     extra = list(FLAGS.gin_param)
     if FLAGS.fake_data:
       extra.append(fake_data.write_for_task(task, os.path.join(root, "data"),
                                             FLAGS.fake_data))
     print(f"{type(task).__name__}: {FLAGS.steps} steps per variant, global "
           f"batch {config.global_batch_size}", flush=True)
-    for index, (name, files, bindings) in enumerate(variants):
+    for index, (name, gin_files, bindings) in enumerate(variants):
       model_dir = os.path.join(root, f"variant{index}")
-      os.makedirs(model_dir)
-      results[name] = run_variant(task_files + files, extra + bindings,
+      files.makedirs(model_dir)
+      results[name] = run_variant(task_files + gin_files, extra + bindings,
                                   model_dir, FLAGS.steps, FLAGS.timeout)
       print(f"  {name}: {results[name]}", flush=True)
   width = max(len(name) for name in results) + 2

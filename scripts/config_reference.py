@@ -32,7 +32,8 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))  # local-path: this repository
 if REPO_ROOT not in sys.path:
   sys.path.insert(0, REPO_ROOT)
 
@@ -40,7 +41,7 @@ if REPO_ROOT not in sys.path:
 import gin
 
 PAGE = os.path.join(REPO_ROOT, "docs", "reference", "configuration.md")
-PAGE_NAME = os.path.relpath(PAGE, REPO_ROOT)
+PAGE_NAME = os.path.relpath(PAGE, REPO_ROOT)  # local-path: this repository
 START = "<!-- config-reference:start -->"
 END = "<!-- config-reference:end -->"
 PACKAGES = ("trainer", "tasks")
@@ -75,7 +76,8 @@ class Configurable(NamedTuple):
   @property
   def source(self) -> str:
     module = sys.modules[self.target.__module__]
-    return os.path.relpath(inspect.getsourcefile(module), REPO_ROOT)
+    return os.path.relpath(  # local-path: a source file of this repository
+        inspect.getsourcefile(module), REPO_ROOT)
 
 
 def import_packages() -> None:
@@ -307,7 +309,7 @@ def main(argv: Optional[List[str]] = None) -> int:
   if not (args.write or args.check):
     sys.stdout.write(reference)
     return 0
-  with open(PAGE, encoding="utf-8") as f:
+  with open(PAGE, encoding="utf-8") as f:  # local-path: this repository
     page = f.read()
   try:
     current = page_section(page)
@@ -323,7 +325,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 1
   updated = (page[:page.index(START) + len(START)] + "\n" + reference +
              page[page.index(END):])
-  with open(PAGE, "w", encoding="utf-8") as f:
+  with open(PAGE, "w", encoding="utf-8") as f:  # local-path: this repository
     f.write(updated)
   print(f"{PAGE_NAME}: configuration reference updated.")
   return 0

@@ -50,7 +50,8 @@ import sys
 import threading
 import time
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))  # local-path: this repository
 sys.path.insert(0, REPO_ROOT)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -60,6 +61,7 @@ import tensorflow as tf
 from trainer.data import dispatcher as data_dispatcher
 from trainer.report import tf_logs
 from trainer.report import usage
+from trainer.storage import files
 # Registers tensorflow-text's ops, which text pipelines (ImdbSentiment)
 # run on the workers.
 import tensorflow_text  # noqa: F401  pylint: disable=unused-import
@@ -109,6 +111,8 @@ def start_server(port: int, dispatcher: str, host: str, work_dir: str):
   line to print."""
   service = tf.data.experimental.service
   if not dispatcher:
+    if work_dir:  # TensorFlow writes the journal, at a URL too.
+      files.check_path(work_dir, "--work_dir")
     server = service.DispatchServer(service.DispatcherConfig(
         port=port, work_dir=work_dir, fault_tolerant_mode=bool(work_dir)))
     journal = f" (journal in {work_dir})" if work_dir else ""

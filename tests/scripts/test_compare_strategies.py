@@ -3,6 +3,7 @@
 figures, and a variant that fails."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -75,3 +76,16 @@ def test_a_malformed_variant_is_one_line():
   assert result.stderr.strip().splitlines()[-1] == (
       "compare_strategies.py: error: --variant 'no-items' is not "
       "NAME=ITEM,ITEM,...")
+
+
+def test_the_scalars_are_read_from_a_url(tmp_path, monkeypatch):
+  """A run's summaries at a URL (here `ram://`) are read there."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  monkeypatch.chdir(tmp_path)
+  log_dir = f"ram://{tmp_path.name}/variant0/train"
+  with tf.summary.create_file_writer(log_dir).as_default():
+    for step, rate in [(10, 2.0), (20, 3.0)]:
+      tf.summary.scalar("steps_per_second", rate, step=step)
+  assert compare_strategies.read_scalars(log_dir) == {
+      "steps_per_second": [(10, 2.0), (20, 3.0)]}
+  assert not os.listdir(tmp_path)
