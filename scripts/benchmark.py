@@ -45,6 +45,9 @@ The last line printed is `JSON {...}`: median steps/s per contender for each
 `steps_per_loop`, and under `vs_bare` the ratios to bare.
 """
 
+# local-paths-only: its summaries go to a temporary folder it makes, its
+# progress to os.devnull; nothing else but this repository
+
 import contextlib
 import json
 import os

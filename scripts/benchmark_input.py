@@ -40,6 +40,9 @@ files, decoding, shuffling, augmentation): no download needed. The last line
 is `JSON {...}` with the figures.
 """
 
+# local-paths-only: its fake data goes to a temporary folder it makes, its
+# output to os.devnull; nothing else but this repository
+
 import contextlib
 import dataclasses
 import json

@@ -24,6 +24,9 @@ Usage, from the repository root:
 The last line printed is `JSON {...}` with those figures.
 """
 
+# local-paths-only: its runs write to temporary folders it makes, their output
+# to os.devnull; nothing else but this repository
+
 import json
 import os
 import statistics

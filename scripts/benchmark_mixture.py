@@ -27,6 +27,9 @@ Usage, from the repository root:
 The last line is `JSON {...}` with the figures.
 """
 
+# local-paths-only: its summaries go to a temporary folder it makes, its
+# output to os.devnull; nothing else but this repository
+
 import contextlib
 import copy
 import dataclasses

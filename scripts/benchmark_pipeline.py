@@ -59,6 +59,9 @@ under `all`. `of ideal` in the table is the speedup over naive, then over
 serial, divided by the ideal.
 """
 
+# local-paths-only: its profile goes to a temporary folder it makes; /proc and
+# this repository besides
+
 import contextlib
 import glob
 import json

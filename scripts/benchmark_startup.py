@@ -32,6 +32,9 @@ The last line printed is `JSON {...}`: `seconds`, `cpu_seconds` and
 (ours/bare), `runs`, `target` and the 1-minute `load` average at the start.
 """
 
+# local-paths-only: its runs write to temporary folders and files it makes;
+# the train.py it times (--train_py) is a local script it executes
+
 import importlib.util
 import json
 import os

@@ -43,7 +43,8 @@ import sys
 import tempfile
 from typing import Any, Dict, List, Optional, Sequence
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))  # local-path: this repository
 sys.path.insert(0, REPO_ROOT)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -359,7 +360,8 @@ def check(task: task_lib.Task, runtime: trainer.RuntimeConfig,
   # As `train.py` resumes: the iterator in the checkpoint when it can be
   # saved, otherwise the consumed batches skipped.
   with_input = inputs_lib.is_checkpointable(one.train_input.dataset)
-  with tempfile.TemporaryDirectory(prefix="check_task-") as directory:
+  with tempfile.TemporaryDirectory(  # local-path: the check's own scratch
+      prefix="check_task-") as directory:
     losses_one = one.train(half)
     saved = one.checkpoint(with_input).write(os.path.join(directory, "ckpt"))
     losses_one += one.train(steps - half)
