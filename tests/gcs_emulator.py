@@ -348,9 +348,9 @@ class GcsEmulator:
       tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
       tls.load_cert_chain(cert, key)
       self._proxy = _Proxy(port, tls)
-      self._proxy_thread = threading.Thread(
-          target=self._proxy.serve_forever, name="gcs-emulator-proxy",
-          daemon=True)
+      self._proxy_thread = threading.Thread(  # Polls for stop() each 0.05 s.
+          target=self._proxy.serve_forever, args=(0.05,),
+          name="gcs-emulator-proxy", daemon=True)
       self._proxy_thread.start()
     except BaseException:
       self.stop()
@@ -397,8 +397,16 @@ class GcsEmulator:
     raise RuntimeError(f"fake-gcs-server {problem}; its output:\n{output}")
 
   def new_bucket(self, name: str) -> str:
-    """Creates an empty bucket (POST /storage/v1/b); returns `gs://name`."""
-    self._emulator_call("POST", "/storage/v1/b", {"name": name})
+    """Creates an empty bucket (POST /storage/v1/b); returns `gs://name`.
+
+    The emulator checks the name as GCS does (3 to 63 of a-z 0-9 - _ .) and
+    refuses one that exists: ValueError with its message.
+    """
+    try:
+      self._emulator_call("POST", "/storage/v1/b", {"name": name})
+    except urllib.error.HTTPError as e:
+      message = json.loads(e.read() or b"{}").get("error", {}).get("message")
+      raise ValueError(f"bucket {name!r}: {e.code} {message}") from None
     return f"gs://{name}"
 
   def stop(self):
