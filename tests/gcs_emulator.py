@@ -25,6 +25,7 @@ stat for about 5 s (an overwritten file reads back cut to its old length;
 seen at once.
 """
 
+import atexit
 import collections
 import datetime
 import http.client
@@ -329,6 +330,7 @@ class GcsEmulator:
   def start(self) -> "GcsEmulator":
     """Starts the emulator and the proxy; returns when both answer."""
     self._directory = tempfile.mkdtemp(prefix="gcs-emulator-")
+    atexit.register(self.stop)  # Should the process end without stop().
     try:
       ca, cert, key = _write_certificates(self._directory)
       initial = os.path.join(self._directory, "initial")
@@ -411,10 +413,12 @@ class GcsEmulator:
 
   def stop(self):
     """Stops the proxy and the emulator; removes the temporary files."""
-    if self._proxy is not None:
+    atexit.unregister(self.stop)
+    if self._proxy_thread is not None and self._proxy_thread.is_alive():
       self._proxy.shutdown()
-      self._proxy.server_close()
       self._proxy_thread.join(timeout=10)
+    if self._proxy is not None:
+      self._proxy.server_close()
     if self._process is not None and self._process.poll() is None:
       self._process.terminate()
       try:
