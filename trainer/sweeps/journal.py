@@ -14,6 +14,13 @@ record after that every read fails with `JSONDecodeError`. So here:
   that fails (a full disk) is cut back, so it leaves no torn record;
 - `repair` keeps the damaged file aside (`study.journal.damaged-<n>`) and
   says in one line what it dropped.
+
+The journal needs a local file system (it appends, and takes file locks),
+so every path here is local: a URL sweep directory's journal (`gs://...`)
+is kept in a local folder (`warm.local_dir`) and copied whole to
+`<sweep_dir>/study.journal` after each trial (`save`); on a machine without
+the local copy, or with an older one, the URL's is brought back first
+(`restore`), so a sweep continues wherever it is rerun.
 """
 
 import contextlib
@@ -25,7 +32,9 @@ import optuna
 from optuna.storages import journal as optuna_journal
 
 from trainer import console
+from trainer import errors
 from trainer.storage import files
+from trainer.sweeps import warm
 
 DAMAGED = ".damaged-"
 # The tail read back to find the last record (records are a few hundred
@@ -47,7 +56,7 @@ def scan(path: str) -> Tuple[int, int, int]:
   """Returns the whole records from the start of `path`, the bytes they
   take, and the file's size: the two sizes differ when its tail is bad."""
   records = good = 0
-  with open(path, "rb") as f:
+  with open(path, "rb") as f:  # local-path: the journal is local
     size = os.fstat(f.fileno()).st_size
     for line in f:
       if not _whole(line):
@@ -60,7 +69,7 @@ def scan(path: str) -> Tuple[int, int, int]:
 def _last_line_whole(path: str) -> bool:
   """Whether `path` is empty or ends with a whole record (read from its
   end: an append checks this, not the whole file)."""
-  with open(path, "rb") as f:
+  with open(path, "rb") as f:  # local-path: the journal is local
     size = os.fstat(f.fileno()).st_size
     if size == 0:
       return True
@@ -76,7 +85,7 @@ def _last_line_whole(path: str) -> bool:
 
 def _aside(path: str) -> str:
   number = 1
-  while os.path.exists(f"{path}{DAMAGED}{number}"):
+  while files.exists(f"{path}{DAMAGED}{number}"):
     number += 1
   return f"{path}{DAMAGED}{number}"
 
@@ -88,12 +97,11 @@ def _cut(path: str) -> Optional[str]:
   records, good, size = scan(path)
   if good == size:
     return None
-  with open(path, "rb") as f:
-    damaged = f.read()
+  damaged = files.read_bytes(path)
   aside = _aside(path)
   files.write_bytes(aside, damaged)
   dropped = damaged[good:].count(b"\n") + (not damaged.endswith(b"\n"))
-  os.truncate(path, good)
+  os.truncate(path, good)  # local-path: the journal is local
   return (f"sweep | {path}: dropped {size - good} bytes after record "
           f"{records} ({dropped} line{'s' if dropped != 1 else ''} not "
           f"whole or after one); the damaged file is kept as {aside}")
@@ -120,7 +128,7 @@ def repair(path: str) -> Optional[str]:
   Raises:
     OSError: The file cannot be written (a read-only or full disk).
   """
-  if not os.path.exists(path):
+  if not files.exists(path):
     return None
   _, good, size = scan(path)
   if good == size:
@@ -151,7 +159,7 @@ class Backend(optuna_journal.JournalFileBackend):
   def read_logs(self, log_number_from: int
                 ) -> Generator[Dict[str, Any], None, None]:
     self.damage = None
-    with open(self._file_path, "rb") as f:
+    with open(self._file_path, "rb") as f:  # local-path: the journal
       # Lines appended while this reads are left to the next read.
       size = os.fstat(f.fileno()).st_size
       number = log_number_from if log_number_from in self._offsets else 0
@@ -185,14 +193,15 @@ class Backend(optuna_journal.JournalFileBackend):
         said = _cut(self._file_path)
         if said:
           console.info(said)
-      fd = os.open(self._file_path, os.O_WRONLY | os.O_APPEND)
+      fd = os.open(  # local-path: the journal is local
+          self._file_path, os.O_WRONLY | os.O_APPEND)
       try:
         start = os.fstat(fd).st_size
         try:
           written = 0
           while written < len(data):
             written += os.write(fd, data[written:])
-          os.fsync(fd)
+          os.fsync(fd)  # local-path: the journal is local
         except OSError as e:
           # A full disk: no torn record is left for the next append.
           os.ftruncate(fd, start)
@@ -214,3 +223,59 @@ class Storage(optuna.storages.JournalStorage):
     being written), or None: the study read is then the state before it,
     not all of it."""
     return self._file.damage
+
+
+def path(sweep_dir: str) -> str:
+  """The journal of the sweep in `sweep_dir`: in it, or for a URL in its
+  local folder (`warm.local_dir`)."""
+  return os.path.join(warm.local_dir(sweep_dir), warm.JOURNAL)
+
+
+def url_copy(sweep_dir: str) -> Optional[str]:
+  """The copy of a URL sweep directory's journal at the URL (`save`);
+  None for a local sweep directory, whose journal is the file itself."""
+  if not files.is_url(sweep_dir):
+    return None
+  return os.path.join(sweep_dir, warm.JOURNAL)
+
+
+def restore(sweep_dir: str) -> None:
+  """Brings a URL sweep directory's journal to its local folder where that
+  has less of it: none (a new machine), or an older copy (the sweep went on
+  on another machine). A local copy that goes further (records written
+  since the last `save`, which a kill cut short) is kept.
+
+  Raises:
+    errors.ConfigError: The two went separate ways (two machines swept the
+      URL at once).
+  """
+  remote = url_copy(sweep_dir)
+  theirs = remote and files.read_bytes(remote)
+  if not theirs:
+    return
+  local = path(sweep_dir)
+  ours = files.read_bytes(local) or b""
+  if ours.startswith(theirs):
+    return
+  if not theirs.startswith(ours):
+    raise errors.ConfigError(
+        f"the journal of {sweep_dir} and this machine's copy ({local}) went "
+        "separate ways (two machines swept it at once?): move the copy away "
+        "to continue from the URL's.")
+  # Under the journal's lock: no append of this machine is in progress.
+  files.makedirs(os.path.dirname(local))
+  with _held(_lock(local)):
+    files.write_bytes(local, theirs)
+
+
+def save(sweep_dir: str) -> None:
+  """Copies a URL sweep directory's local journal to the URL, whole (one
+  object); nothing for a local one, or one without a journal (`--storage`).
+  """
+  remote = url_copy(sweep_dir)
+  local = path(sweep_dir)
+  if remote is None or not files.exists(local):
+    return
+  with _held(_lock(local)):  # A whole copy: no append in progress.
+    data = files.read_bytes(local)
+  files.write_bytes(remote, data)

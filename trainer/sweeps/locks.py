@@ -8,26 +8,46 @@ may be taken over, with its number, bindings and model_dir. The same flock
 as `train.py`'s lease (trainer/storage/lease.py), with the same reach:
 local disks, and NFS unless mounted `nolock` or `local_lock`. Optuna's own
 heartbeat covers RDB storage only, not the journal file.
+
+A flock needs a local file system: a URL sweep directory's locks (`gs://`)
+are in its local folder (`warm.local_dir`), beside its journal's copy, so
+one process may sweep it (`alone`), its trials run by `--parallel` threads.
 """
 
 import contextlib
 import errno
 import fcntl
+import json
 import os
+import socket
+import threading
 import time
+import uuid
 from typing import Iterator, Optional
 
+from trainer import console
+from trainer import errors
+from trainer.storage import files
 from trainer.storage import lease
+from trainer.sweeps import warm
 
 CLAIMS = ".claims.lock"
 TRIAL = ".sweep.lock"
+# In a URL sweep directory's local folder: held by the one process that
+# sweeps it from this machine.
+WORKER = ".worker.lock"
+# In a URL sweep directory: the process sweeping it, and when it last said
+# so (every `HEARTBEAT_SECONDS`); older than `STALE_SECONDS`, it is dead.
+OWNER = ".sweep.worker"
+HEARTBEAT_SECONDS = 30.0
+STALE_SECONDS = 120.0
 
 
 def try_lock(path: str) -> Optional[int]:
   """Takes the exclusive lock on `path` (created if missing) without
   waiting; returns its file descriptor, or None if another holds it."""
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  files.makedirs(os.path.dirname(path))
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # local-path: a flock
   try:
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except OSError as e:
@@ -51,8 +71,8 @@ def held(path: str) -> Iterator[None]:
   Each call opens the file anew, so threads of one process exclude each
   other too (a flock belongs to an open file, not a process).
   """
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  files.makedirs(os.path.dirname(path))
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # local-path: a flock
   try:
     fcntl.flock(fd, fcntl.LOCK_EX)
     yield
@@ -64,10 +84,13 @@ def wait_for_trainer(model_dir: str, timeout: float,
                      poll_seconds: float = 0.5) -> bool:
   """Waits until no process holds `model_dir`'s trainer lease (a killed
   sweep's trial may still be saving its checkpoint); returns whether it
-  became free within `timeout` seconds."""
+  became free within `timeout` seconds. A URL `model_dir` has no lease
+  (`trainer.storage.lease`): free at once."""
+  if files.is_url(model_dir):
+    return True
   path = lease.lock_path(model_dir, lease.TRAINER)
   deadline = time.monotonic() + timeout
-  while os.path.exists(path):
+  while files.exists(path):
     fd = try_lock(path)
     if fd is not None:
       release(fd)
@@ -76,3 +99,82 @@ def wait_for_trainer(model_dir: str, timeout: float,
       return False
     time.sleep(poll_seconds)
   return True
+
+
+def claims(sweep_dir: str) -> str:
+  """The sweep's claims lock (in its local folder, `warm.local_dir`)."""
+  return os.path.join(warm.local_dir(sweep_dir), CLAIMS)
+
+
+def trial(sweep_dir: str, name: str) -> str:
+  """The lock of the trial whose model_dir is `sweep_dir/name` (in the
+  sweep's local folder, `warm.local_dir`)."""
+  return os.path.join(warm.local_dir(sweep_dir), name, TRIAL)
+
+
+def _refusal(sweep_dir: str, who: str) -> errors.ConfigError:
+  return errors.ConfigError(
+      f"--sweep_dir={sweep_dir} is swept by {who}: sweep processes cannot "
+      "share a URL --sweep_dir (each keeps its journal and locks on its own "
+      "machine); for several workers give a --sweep_dir on a shared file "
+      "system (NFS) that every worker mounts.")
+
+
+@contextlib.contextmanager
+def alone(sweep_dir: str, heartbeat_seconds: float = HEARTBEAT_SECONDS,
+          stale_seconds: float = STALE_SECONDS) -> Iterator[None]:
+  """Holds a URL sweep directory for this process alone, for the block;
+  nothing for a local one, which any number of processes share.
+
+  On this machine a flock in its local folder says so; to other machines,
+  `OWNER` in the URL, rewritten every `heartbeat_seconds` and removed at
+  the end: one older than `stale_seconds` is a dead process's (SIGKILL),
+  whose sweep this one continues.
+
+  Raises:
+    errors.ConfigError: Another process sweeps it.
+  """
+  if not files.is_url(sweep_dir):
+    yield
+    return
+  fd = try_lock(os.path.join(warm.local_dir(sweep_dir), WORKER))
+  if fd is None:
+    raise _refusal(sweep_dir, "another process on this machine")
+  owner = os.path.join(sweep_dir, OWNER)
+  stop = threading.Event()
+  beats = None
+  try:
+    try:
+      found = files.read_json(owner)
+    except ValueError:  # Cut short: no live owner wrote it whole.
+      found = None
+    if found and time.time() - found.get("beat", 0) < stale_seconds:
+      raise _refusal(sweep_dir, (
+          f"pid {found.get('pid')} on host {found.get('host')} (seen "
+          f"{time.time() - found.get('beat', 0):.0f} s ago; gone, it is "
+          f"taken over {stale_seconds:.0f} s after)"))
+    record = {"host": socket.gethostname(), "pid": os.getpid(),
+              "token": uuid.uuid4().hex}
+
+    def beat():
+      files.write_json(owner, dict(record, beat=time.time()))
+
+    def keep_beating():
+      while not stop.wait(heartbeat_seconds):
+        try:
+          beat()
+        except Exception as e:  # pylint: disable=broad-except
+          # The store is out of reach a while: the next beat may do.
+          console.warning(f"sweep | {owner} not rewritten: {e}")
+
+    beat()
+    beats = threading.Thread(target=keep_beating, name="sweep-owner",
+                             daemon=True)
+    beats.start()
+    yield
+  finally:
+    stop.set()
+    if beats is not None:
+      beats.join()
+      files.remove(owner)
+    release(fd)

@@ -6,7 +6,8 @@ cluster's NFS). `--storage` takes an RDB URL instead (SQLite, PostgreSQL).
 A study records what it sweeps (the space, the metric and direction, the
 base configuration); a command asking for another is refused, not mixed in.
 A journal holds one sweep's study: found whatever its name, so that a
-renamed sweep directory keeps it.
+renamed sweep directory keeps it. A URL sweep directory's journal is kept
+on this machine and copied to the URL (`trainer.sweeps.journal`).
 """
 
 import errno
@@ -17,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import optuna
 
 from trainer import errors
+from trainer.storage import files
 from trainer.sweeps import journal
 from trainer.sweeps import space as space_lib
 from trainer.sweeps import warm
@@ -38,25 +40,29 @@ def name(sweep_dir: str,
     names = optuna.study.get_all_study_names(storage)
     if len(names) == 1:
       return names[0]
-  return os.path.basename(os.path.abspath(sweep_dir)) or "sweep"
+  return os.path.basename(files.absolute(sweep_dir).rstrip("/")) or "sweep"
 
 
 def open_storage(sweep_dir: str, url: Optional[str], repair: bool = True
                  ) -> optuna.storages.BaseStorage:
   """Opens (creating if needed) the study's storage; a journal's bad tail
   is cut back first (`trainer.sweeps.journal`) unless `repair` is False (a read
-  that writes nothing: it stops at the bad record).
+  that writes nothing: it stops at the bad record). A URL sweep directory's
+  journal is its local copy, brought from the URL first where that has
+  more (`journal.restore`).
 
   Raises:
     OSError: A bad tail cannot be cut (a read-only or full disk).
+    errors.ConfigError: The local copy and the URL's went separate ways.
   """
   if url:
     return optuna.storages.RDBStorage(url)
-  path = os.path.join(sweep_dir, JOURNAL)
+  journal.restore(sweep_dir)
+  path = journal.path(sweep_dir)
   if repair:
-    os.makedirs(sweep_dir, exist_ok=True)
+    files.makedirs(os.path.dirname(path))
     journal.repair(path)
-  elif not os.path.exists(path):
+  elif not files.exists(path):
     raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
   return journal.Storage(path)
 
@@ -93,7 +99,8 @@ def whole_trials(study: optuna.Study
 def exists(sweep_dir: str, url: Optional[str]) -> bool:
   """Whether the sweep's study exists; writes nothing for a journal."""
   if not url:
-    return os.path.exists(os.path.join(sweep_dir, JOURNAL)) and bool(
+    journal.restore(sweep_dir)
+    return files.exists(journal.path(sweep_dir)) and bool(
         optuna.study.get_all_study_names(open_storage(sweep_dir, url,
                                                       repair=False)))
   try:

@@ -11,24 +11,30 @@ library only, so that starting one costs nothing.
 """
 
 import atexit
+import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
 from typing import List, Optional, Sequence
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+from trainer.storage import files  # The standard library only.
+
+_HERE = os.path.dirname(
+    os.path.abspath(__file__))  # local-path: this source file's folder
+REPO_ROOT = os.path.dirname(os.path.dirname(_HERE))
 
 # The program each process runs (a script: the standard library only until
 # it imports the framework).
-_PRELUDE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                        "prelude.py")
+_PRELUDE = os.path.join(_HERE, "prelude.py")
 
 # The study's journal file in the sweep directory (`study.JOURNAL`; this
 # module loads before Optuna).
 JOURNAL = "study.journal"
+# A URL's characters that are no part of a folder's name.
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 # Flags after which the sweep starts no train.py of its own ahead (under a
 # launcher, the launcher starts them).
@@ -165,5 +171,27 @@ def _has_journal(argv: List[str]) -> bool:
     name, equals, value = arg.partition("=")
     if name in ("--sweep_dir", "--storage"):
       values[name] = value if equals else following
-  return "--storage" not in values and bool(values.get("--sweep_dir")) and (
-      os.path.isfile(os.path.join(values["--sweep_dir"], JOURNAL)))
+  if "--storage" in values or not values.get("--sweep_dir"):
+    return False
+  # A URL sweep's local copy (`local_dir`): the URL's is read by the sweep,
+  # once TensorFlow has loaded.
+  path = os.path.join(local_dir(values["--sweep_dir"]), JOURNAL)
+  return os.path.isfile(path)  # local-path: `local_dir` is local
+
+
+def local_dir(sweep_dir: str) -> str:
+  """The folder of the sweep's journal and locks: `sweep_dir` itself, or
+  for a URL (`gs://...`), where Optuna's journal (appends and file locks)
+  and a flock cannot live, a local one named after it, outside the working
+  directory: `$XDG_CACHE_HOME/trainer/sweeps/<name>` (`~/.cache` by
+  default). `study.journal` there is copied to the URL after each trial
+  (`trainer.sweeps.journal`)."""
+  if not files.is_url(sweep_dir):
+    return sweep_dir
+  url = sweep_dir.rstrip("/")
+  # Readable, and told apart from URLs that read the same once cleaned.
+  name = (_UNSAFE.sub("_", url)[:80] + "-" +
+          hashlib.sha256(url.encode("utf-8")).hexdigest()[:10])
+  cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+      os.path.expanduser("~"), ".cache")
+  return os.path.join(cache, "trainer", "sweeps", name)

@@ -1,0 +1,81 @@
+"""trainer/sweeps/locks.py on a URL sweep directory: the locks are local;
+one process sweeps it, and says so at the URL."""
+
+import os
+import time
+
+import pytest
+
+from trainer import errors
+from trainer.storage import files
+from trainer.sweeps import locks
+from trainer.sweeps import warm
+
+
+def test_a_url_sweeps_locks_are_in_its_local_folder(url_sweep_dir):
+  local = warm.local_dir(url_sweep_dir)
+  assert not files.is_url(local)
+  assert locks.claims(url_sweep_dir) == os.path.join(local, locks.CLAIMS)
+  assert locks.trial(url_sweep_dir, "trial-3") == os.path.join(
+      local, "trial-3", locks.TRIAL)
+  fd = locks.try_lock(locks.trial(url_sweep_dir, "trial-3"))
+  assert locks.try_lock(locks.trial(url_sweep_dir, "trial-3")) is None
+  locks.release(fd)
+  with locks.held(locks.claims(url_sweep_dir)):
+    pass
+  assert not files.exists(url_sweep_dir)  # Nothing at the URL.
+  # A URL model_dir has no trainer lease to wait for.
+  assert locks.wait_for_trainer(url_sweep_dir + "/trial-3", timeout=0)
+
+
+def test_a_local_sweep_has_its_locks_in_it(tmp_path):
+  sweep_dir = str(tmp_path)
+  assert locks.claims(sweep_dir) == os.path.join(sweep_dir, locks.CLAIMS)
+  assert locks.trial(sweep_dir, "trial-0") == os.path.join(
+      sweep_dir, "trial-0", locks.TRIAL)
+  with locks.alone(sweep_dir), locks.alone(sweep_dir):  # Shared.
+    pass
+  assert not os.listdir(tmp_path)
+
+
+def _refusal(sweep_dir, who):
+  return (f"--sweep_dir={sweep_dir} is swept by {who}: sweep processes "
+          "cannot share a URL --sweep_dir (each keeps its journal and locks "
+          "on its own machine); for several workers give a --sweep_dir on a "
+          "shared file system (NFS) that every worker mounts.")
+
+
+def test_one_process_sweeps_a_url_and_says_so_there(url_sweep_dir):
+  owner = os.path.join(url_sweep_dir, locks.OWNER)
+  with locks.alone(url_sweep_dir, heartbeat_seconds=0.05):
+    first = files.read_json(owner)
+    assert (first["pid"], sorted(first)) == (
+        os.getpid(), ["beat", "host", "pid", "token"])
+    with pytest.raises(errors.ConfigError) as raised:
+      with locks.alone(url_sweep_dir):
+        pass
+    assert str(raised.value) == _refusal(url_sweep_dir,
+                                         "another process on this machine")
+    time.sleep(0.3)
+    assert files.read_json(owner)["beat"] > first["beat"]  # Its heartbeat.
+  assert not files.exists(owner)
+
+
+def test_a_live_process_elsewhere_is_refused_a_dead_ones_taken_over(
+    url_sweep_dir):
+  owner = os.path.join(url_sweep_dir, locks.OWNER)
+  files.write_json(owner, {"host": "node-7", "pid": 12, "token": "x",
+                           "beat": time.time() - 5})
+  with pytest.raises(errors.ConfigError) as raised:
+    with locks.alone(url_sweep_dir):
+      pass
+  assert str(raised.value) == _refusal(
+      url_sweep_dir, "pid 12 on host node-7 (seen 5 s ago; gone, it is "
+      "taken over 120 s after)")
+  assert files.read_json(owner)["host"] == "node-7"  # Left as it was.
+  # Killed (SIGKILL) two minutes ago: this process continues its sweep.
+  files.write_json(owner, {"host": "node-7", "pid": 12, "token": "x",
+                           "beat": time.time() - 121})
+  with locks.alone(url_sweep_dir):
+    assert files.read_json(owner)["pid"] == os.getpid()
+  assert not files.exists(owner)
