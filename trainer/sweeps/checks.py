@@ -110,7 +110,8 @@ class DryRun:
                point: Dict[str, Any], launcher: Sequence[str] = (),
                python: Optional[warm.WarmPython] = None):
     self._bindings = space_lib.gin_params(point)
-    self._directory = tempfile.TemporaryDirectory(prefix="sweep-dry-run-")
+    self._directory = tempfile.TemporaryDirectory(  # local-path: scratch
+        prefix="sweep-dry-run-")
     # A model_dir that does not exist: the dry run neither reads nor
     # writes it.
     argv = trial_run.command(gin_files, list(gin_params) + self._bindings,

@@ -21,8 +21,10 @@ from trainer import cli
 from trainer import console
 from trainer import errors
 from trainer.data import eval_sets
+from trainer.storage import files
 from trainer.sweeps import checks
 from trainer.sweeps import hparams
+from trainer.sweeps import journal
 from trainer.sweeps import locks
 from trainer.sweeps import report
 from trainer.sweeps import space as space_lib
@@ -108,7 +110,7 @@ def launcher() -> Tuple[str, ...]:
   except ValueError as e:
     raise errors.ConfigError(
         f"--launcher={FLAGS.launcher!r} cannot be split: {e}.") from e
-  if not words or shutil.which(words[0]) is None:
+  if not words or shutil.which(words[0]) is None:  # local-path: on PATH
     raise errors.ConfigError(
         f"--launcher={FLAGS.launcher!r}: "
         f"{words[0] if words else 'nothing'} is not a program on PATH.")
@@ -133,8 +135,12 @@ def _report_lines(study: optuna.Study, sweep_dir: str,
 
 
 def _writable(directory: str) -> bool:
+  """Whether `directory` can be written; a URL's, as far as one can tell
+  without writing, can."""
+  if files.is_url(directory):
+    return True
   # `os.access` answers for root too on a read-only filesystem (EROFS).
-  return os.access(directory, os.W_OK)
+  return os.access(directory, os.W_OK)  # local-path: not a URL (above)
 
 
 def report_only(sweep_dir: str) -> int:
@@ -206,17 +212,28 @@ def prepare(sweep_dir: str, ahead: Optional[warm.Ahead] = None):
 
 def sweep(sweep_dir: str, ahead: Optional[warm.Ahead] = None) -> int:
   """Runs the sweep, in the processes `ahead` if given; returns the exit
-  code."""
+  code. A URL sweep directory is this process's alone (`locks.alone`)."""
+  with locks.alone(sweep_dir):
+    return _sweep(sweep_dir, ahead)
+
+
+def _sweep(sweep_dir: str, ahead: Optional[warm.Ahead]) -> int:
   started = time.monotonic()
   plan, wanted, exists = prepare(sweep_dir, ahead)
-  os.makedirs(sweep_dir, exist_ok=True)
-  with locks.held(os.path.join(sweep_dir, locks.CLAIMS)):
+  files.makedirs(sweep_dir)
+  with locks.held(locks.claims(sweep_dir)):
     study = study_lib.open_study(
         sweep_dir, FLAGS.storage, wanted,
         study_lib.sampler(sampler_kind(plan.space), FLAGS.seed, plan.space),
         study_lib.pruner(FLAGS.pruner, FLAGS.pruner_startup_trials))
     if not exists:
       hparams.write_experiment(sweep_dir, plan.space, plan.metric)
+  copy = None if FLAGS.storage else journal.url_copy(sweep_dir)
+  if copy:
+    journal.save(sweep_dir)  # The study, before its first trial ends.
+    console.info(f"sweep | {sweep_dir}: journal kept at "
+                 f"{journal.path(sweep_dir)} (Optuna's journal needs a local "
+                 f"file system); copied to {copy} after each trial")
   done = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
   console.info(f"sweep | {sweep_dir}: {done} of {plan.total} trials done | "
                f"{sampler_kind(plan.space)} sampler, {FLAGS.pruner} pruner, "
@@ -228,6 +245,7 @@ def sweep(sweep_dir: str, ahead: Optional[warm.Ahead] = None) -> int:
   for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
     signal.signal(signum, lambda signum, _: runner.interrupt(signum))
   runner.run(FLAGS.parallel)
+  journal.save(sweep_dir)
   if runner.error:  # The disk is full or read-only: writing more fails too.
     cli.fail(runner.error, exit_code=1, program=PROGRAM)
   report.print_lines(_report_lines(study, sweep_dir))
@@ -252,6 +270,7 @@ def main(ahead: Optional[warm.Ahead] = None) -> None:
   try:
     if not FLAGS.sweep_dir:
       raise errors.ConfigError("--sweep_dir is required.")
+    files.check_path(FLAGS.sweep_dir, "--sweep_dir")
     if ahead is not None and (FLAGS.report or FLAGS.launcher):
       ahead.close()  # None is run: the launcher starts every process.
       ahead = None

@@ -7,6 +7,7 @@ spans its whole interval, `loguniform` on a log axis whose only labels are
 the major ticks', so that they never print over each other.
 """
 
+import io
 import math
 import os
 from typing import Any, Dict, List, Optional, Sequence
@@ -18,6 +19,7 @@ from matplotlib import figure as figure_lib
 from matplotlib import pyplot as plt
 from matplotlib import ticker
 
+from trainer.storage import files
 from trainer.sweeps import space as space_lib
 
 PNG = "results.png"
@@ -109,13 +111,14 @@ def write(sweep_dir: str, rows: Sequence[Dict[str, Any]],
           space: Sequence[space_lib.Dimension],
           metric: str) -> Optional[str]:
   """Plots the completed rows (`report.rows`, best first); returns the
-  PNG's path, or None when no trial has completed."""
+  PNG's path, or None when no trial has completed. Written whole
+  (`files.write_bytes`), at a URL too."""
   drawn = figure(rows, space, metric)
   if drawn is None:
     return None
-  path = os.path.join(sweep_dir, PNG)
-  temporary = path + ".tmp"
-  drawn.savefig(temporary, format="png")
+  png = io.BytesIO()
+  drawn.savefig(png, format="png")
   plt.close(drawn)
-  os.replace(temporary, path)
+  path = os.path.join(sweep_dir, PNG)
+  files.write_bytes(path, png.getvalue())
   return path

@@ -56,8 +56,10 @@ def main() -> None:
     os._exit(0)
   command = json.loads(line)
   if command["log"]:
-    log = os.open(command["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT,
-                  0o644)
+    # A local file: a trial's log under a URL model_dir is kept locally
+    # while it runs (`trial_run.TrialProcess`).
+    log = os.open(  # local-path: see above
+        command["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)

@@ -33,13 +33,17 @@ _ORDER = {TrialState.COMPLETE: 0, TrialState.PRUNED: 1, TrialState.RUNNING: 2,
           TrialState.WAITING: 3, TrialState.FAIL: 4}
 
 
+def dir_name(trial) -> str:
+  """The name of a trial's model_dir in the sweep directory: `trial-<n>`,
+  or the fresh one it got because a run of other bindings was there (its
+  `model_dir` attribute, relative to the sweep directory, which may be
+  renamed). `trial`: a `FrozenTrial` or a `Trial`."""
+  return trial.user_attrs.get("model_dir", f"trial-{trial.number}")
+
+
 def model_dir(sweep_dir: str, trial) -> str:
-  """A trial's model_dir: `trial-<n>`, or the fresh one it got because a
-  run of other bindings was there (its `model_dir` attribute, relative to
-  the sweep directory, which may be renamed). `trial`: a `FrozenTrial` or
-  a `Trial`."""
-  return os.path.join(sweep_dir, trial.user_attrs.get(
-      "model_dir", f"trial-{trial.number}"))
+  """A trial's model_dir, `sweep_dir/<dir_name>`."""
+  return os.path.join(sweep_dir, dir_name(trial))
 
 
 def state(trial: optuna.trial.FrozenTrial) -> str:

@@ -7,6 +7,10 @@ run with SIGTERM, on which `train.py` saves a checkpoint and exits with its
 preemption code. A killed run's step and metric come from its records too
 (its last evaluation; how far it got by its `metrics.csv`), never from its
 log lines, which a kill may leave ahead of both.
+
+A process writes its output to a local file: a URL model_dir's log is kept
+on this machine while the trial runs, and copied to `model_dir/sweep.log`
+when it ends.
 """
 
 import dataclasses
@@ -22,10 +26,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Set
 
 from trainer.actions import metrics_csv
 from trainer.storage import evaluated
+from trainer.storage import files
 from trainer.sweeps import warm
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+    os.path.abspath(__file__))))  # local-path: the repository's own file
 TRAIN_PY = os.path.join(REPO_ROOT, "train.py")
 LOG = "sweep.log"
 
@@ -73,7 +78,7 @@ class Outcome:
 def command(gin_files: Sequence[str], gin_params: Sequence[str], mode: str,
             model_dir: str, python: str = "python") -> List[str]:
   """The `train.py` command of a trial."""
-  return ([python, os.path.relpath(TRAIN_PY)] +
+  return ([python, os.path.relpath(TRAIN_PY)] +  # local-path: ours
           [f"--gin_file={path}" for path in gin_files] +
           [f"--gin_param={param}" for param in gin_params] +
           [f"--mode={mode}", f"--model_dir={model_dir}"])
@@ -90,7 +95,8 @@ _TOTAL = re.compile(r"^train \| step +\d+/(\d+) \|")
 
 
 def _tail(log_path: str, offset: int) -> List[str]:
-  with open(log_path, errors="replace") as f:
+  # The log a process writes is local (`TrialProcess`).
+  with open(log_path, errors="replace") as f:  # local-path: see above
     f.seek(offset)
     return [line.rstrip("\n") for line in f if line.strip()]
 
@@ -159,7 +165,8 @@ def _exited(process: subprocess.Popen, seconds: float) -> bool:
 
 
 class TrialProcess:
-  """A trial's `train.py` process, output appended to `model_dir/sweep.log`.
+  """A trial's `train.py` process, output appended to `model_dir/sweep.log`
+  (or to `log_path`, copied there when it ends).
 
   Args:
     argv: The trial's `train.py` command (`command()`).
@@ -169,12 +176,20 @@ class TrialProcess:
     launcher: A command to run train.py under (`launch`); empty: none.
     python: A process started ahead (`trainer.sweeps.warm`) to run train.py in;
       None or a dead one: a new one. Unused under a launcher.
+    log_path: Where the output goes while the process runs, a local file:
+      for a URL `model_dir`, which a process cannot append to. Default:
+      `model_dir/sweep.log`.
   """
 
   def __init__(self, argv: Sequence[str], model_dir: str, metric: str,
                preemption_exit_code: int = 42, launcher: Sequence[str] = (),
-               python: Optional[warm.WarmPython] = None):
+               python: Optional[warm.WarmPython] = None,
+               log_path: Optional[str] = None):
+    if log_path is None and files.is_url(model_dir):
+      raise ValueError(f"{model_dir} is a URL: give a local `log_path`.")
     self._launcher = list(launcher)
+    self._log = os.path.join(model_dir, LOG)
+    self._log_path = log_path or self._log
     self._python = python
     self._argv = list(argv)
     self._model_dir = model_dir
@@ -206,10 +221,15 @@ class TrialProcess:
         code.
       poll_seconds: Wait between looks at the run's record.
     """
-    os.makedirs(self._model_dir, exist_ok=True)
-    log_path = os.path.join(self._model_dir, LOG)
+    files.makedirs(self._model_dir)
+    log_path = self._log_path
+    if log_path != self._log:
+      files.makedirs(os.path.dirname(log_path))
+      if not files.exists(log_path) and files.exists(self._log):
+        # Resumed on another machine: the log goes on from the URL's.
+        files.copy(self._log, log_path)
     start = time.monotonic()
-    with open(log_path, "a") as log:
+    with open(log_path, "a") as log:  # local-path: `log_path` is local
       offset = log.tell()
       if self._launcher:
         process = subprocess.Popen(
@@ -276,9 +296,11 @@ class TrialProcess:
     if outcome.state == PRUNED and total == outcome.step:
       # The SIGTERM came in the run's last loop: train.py's line above
       # offers its final evaluation, which a pruned trial does not get.
-      with open(log_path, "a") as log:
+      with open(log_path, "a") as log:  # local-path: `log_path` is local
         log.write(f"sweep | {outcome.cause}: the SIGTERM was the "
                   "pruner's; the trial is over.\n")
+    if log_path != self._log:
+      files.copy(log_path, self._log)
     return outcome
 
   def _outcome(self, returncode: int, seconds: float, lines: List[str],

@@ -14,6 +14,11 @@ Each trial's model_dir records the configuration it was made for
 A trial whose process a signal killed (SIGKILL: the OOM killer) stays
 RUNNING, marked killed: a rerun resumes it from its checkpoint, up to
 `KILL_RETRIES` times.
+
+A URL sweep directory's trials have URL model_dirs (`gs://.../trial-<n>`);
+their locks and, while they run, their output are local
+(`warm.local_dir`), and the study's journal is copied to the URL as each
+trial ends (`trainer.sweeps.journal`).
 """
 
 import dataclasses
@@ -30,6 +35,7 @@ from optuna.trial import TrialState
 from trainer import console
 from trainer.storage import files
 from trainer.sweeps import hparams
+from trainer.sweeps import journal
 from trainer.sweeps import locks
 from trainer.sweeps import report
 from trainer.sweeps import space as space_lib
@@ -160,6 +166,7 @@ class Sweep:
         trial, lock, earlier = claimed
         try:
           self._run(trial, earlier)
+          journal.save(self._plan.sweep_dir)
         finally:
           locks.release(lock)
     except OSError as e:  # A full or read-only disk: the study is as it was.
@@ -194,13 +201,13 @@ class Sweep:
       Tuple[optuna.Trial, int, Optional[optuna.trial.FrozenTrial]]]:
     """A trial to run, its lock, and the trial as a dead worker left it
     (None for a new trial)."""
-    with locks.held(os.path.join(self._plan.sweep_dir, locks.CLAIMS)):
+    with locks.held(locks.claims(self._plan.sweep_dir)):
       trials = self._study.get_trials(deepcopy=False)
       for frozen in trials:
         if (frozen.state == TrialState.RUNNING and
             frozen.number not in self._killed):
-          lock = locks.try_lock(os.path.join(
-              report.model_dir(self._plan.sweep_dir, frozen), locks.TRIAL))
+          lock = locks.try_lock(locks.trial(self._plan.sweep_dir,
+                                            report.dir_name(frozen)))
           if lock is not None:
             # Optuna's ask-and-tell has no public way back to a RUNNING
             # trial of the storage: its id is private.
@@ -213,8 +220,7 @@ class Sweep:
                                for dimension in self._plan.space})
       name = self._fresh_dir(trial.number, self._record(trial.params))
       trial.set_user_attr("model_dir", name)
-      lock = locks.try_lock(os.path.join(self._plan.sweep_dir, name,
-                                         locks.TRIAL))
+      lock = locks.try_lock(locks.trial(self._plan.sweep_dir, name))
       return trial, lock, None
 
   def _run(self, trial: optuna.Trial,
@@ -255,11 +261,15 @@ class Sweep:
     if self._spares is not None:
       more = len(self._study.get_trials(deepcopy=False)) < plan.total
       python = self._spares.take(more=more and not self.stop.is_set())
+    local = {}
+    if files.is_url(model_dir):  # A process writes its output locally.
+      local["log_path"] = os.path.join(warm.local_dir(plan.sweep_dir),
+                                       report.dir_name(trial), trial_run.LOG)
     process = trial_run.TrialProcess(
         trial_run.command(plan.gin_files, list(plan.gin_params) + bindings,
                           plan.mode, model_dir),
         model_dir, plan.metric, plan.preemption_exit_code,
-        launcher=plan.launcher, python=python)
+        launcher=plan.launcher, python=python, **local)
     with self._running_lock:
       self._running.add(process)
     try:
@@ -352,10 +362,7 @@ def _read_record(model_dir: str) -> Optional[Dict[str, Any]]:
 
 def _used(model_dir: str) -> bool:
   """Whether `model_dir` holds anything besides a trial lock."""
-  try:
-    return bool(set(os.listdir(model_dir)) - {locks.TRIAL})
-  except FileNotFoundError:
-    return False
+  return bool(set(files.listdir(model_dir)) - {locks.TRIAL})
 
 
 def _made_for(found: Optional[Dict[str, Any]],

@@ -1,0 +1,49 @@
+"""trainer/sweeps/trial_run.py with a URL model_dir: the process's output
+kept locally while it runs, then copied to `model_dir/sweep.log`."""
+
+import os
+import threading
+
+import pytest
+
+from trainer.storage import files
+from trainer.sweeps import trial_run
+
+# A stand-in for train.py: its progress to its last step, and the end.
+FAKE_TRAIN = """
+print("train | step  40/40 | 100.0 steps/s", flush=True)
+print("train | finished at step 40", flush=True)
+"""
+
+
+def test_a_url_trials_log_is_local_then_copied_to_its_model_dir(
+    url_sweep_dir, tmp_path):
+  script = tmp_path / "fake_train.py"
+  script.write_text(FAKE_TRAIN)
+  model_dir = url_sweep_dir + "/trial-0"
+  # The run's evaluations, as train.py records them in its model_dir.
+  files.write_json(model_dir + "/eval/evaluated.json",
+                   {"steps": [40], "results": {"40": {"accuracy": 0.9}}})
+  # What an earlier run of the trial, on another machine, said.
+  files.write_text(model_dir + "/sweep.log", "train | step  20/40 | x\n")
+  local = str(tmp_path / "cache" / "trial-0" / trial_run.LOG)
+  process = trial_run.TrialProcess(
+      ["python", str(script)], model_dir, "accuracy", launcher=("env",),
+      log_path=local)
+  outcome = process.run(lambda step, value: False, threading.Event(),
+                        poll_seconds=0.05)
+  assert (outcome.state, outcome.value, outcome.step) == (
+      trial_run.COMPLETE, 0.9, 40)
+  assert files.read_text(model_dir + "/sweep.log").splitlines() == [
+      "train | step  20/40 | x", "train | step  40/40 | 100.0 steps/s",
+      "train | finished at step 40"]
+  with open(local) as f:
+    assert f.read() == files.read_text(model_dir + "/sweep.log")
+
+
+def test_a_url_model_dir_needs_a_local_log(url_sweep_dir):
+  with pytest.raises(ValueError, match=r"trial-0 is a URL: give a local "
+                     r"`log_path`\."):
+    trial_run.TrialProcess(["python", "train.py"], url_sweep_dir + "/trial-0",
+                           "accuracy")
+  assert not os.path.exists(os.path.join(os.getcwd(), "ram:"))
