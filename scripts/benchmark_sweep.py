@@ -1,3 +1,4 @@
+# local-paths-only: it sweeps and trains in temporary folders it makes.
 """What a sweep adds over its trials: `sweep.py` against the same trials run
 as `train.py` commands one after another.
 

@@ -15,16 +15,19 @@ Usage, from the repository root:
 
 It prints `METRIC: N points in M run(s)` per panel, then `wrote PATH`. A
 missing directory, a directory without event files or no scalar at all is
-one line on stderr and exit code 2, with nothing written.
+one line on stderr and exit code 2, with nothing written. Run directories
+and `--output` may be URLs (`gs://...`).
 """
 
+import io
 import math
 import os
 import sys
 from typing import Dict, List, Sequence, Tuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))  # local-path: the repository's own file
 if REPO_ROOT not in sys.path:
   sys.path.insert(0, REPO_ROOT)
 
@@ -35,7 +38,9 @@ matplotlib.use("Agg")  # Before pyplot: no display needed.
 from matplotlib import pyplot as plt
 import tensorflow as tf
 
+from trainer import errors
 from trainer.report import usage
+from trainer.storage import files
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("output", "metrics.png", "Path of the PNG to write.")
@@ -75,7 +80,7 @@ def read_scalars(log_dir: str) -> Scalars:
   """
   records = []  # (wall_time, read order, tag, step, value)
   pattern = os.path.join(log_dir, "events.out.tfevents.*")
-  for path in sorted(tf.io.gfile.glob(pattern)):
+  for path in files.glob(pattern):
     for event in _events(path):
       for value in event.summary.value:
         kind = value.WhichOneof("value")
@@ -117,7 +122,7 @@ def read_run(model_dir: str) -> Dict[str, Scalars]:
     ValueError: `model_dir` is not a directory, or has no event files under
       `train/` or `eval/`.
   """
-  if not tf.io.gfile.isdir(model_dir):
+  if not files.isdir(model_dir):
     raise ValueError(f"no such directory: {model_dir}")
   log_dirs = {split: os.path.join(model_dir, split) for split in SPLITS}
   set_dirs = _set_dirs(log_dirs["eval"])
@@ -133,20 +138,16 @@ def read_run(model_dir: str) -> Dict[str, Scalars]:
 
 
 def _has_events(log_dir: str) -> bool:
-  return bool(tf.io.gfile.glob(os.path.join(log_dir,
-                                            "events.out.tfevents.*")))
+  return bool(files.glob(os.path.join(log_dir, "events.out.tfevents.*")))
 
 
 def _set_dirs(eval_dir: str) -> Dict[str, str]:
   """`{set: eval_dir/set}` of each named evaluation set's run (a
   subdirectory holding event files), in name order."""
-  if not tf.io.gfile.isdir(eval_dir):
-    return {}
   found = {}
-  for name in sorted(tf.io.gfile.listdir(eval_dir)):
-    name = name.rstrip("/")
+  for name in files.listdir(eval_dir):
     path = os.path.join(eval_dir, name)
-    if tf.io.gfile.isdir(path) and _has_events(path):
+    if files.isdir(path) and _has_events(path):
       found[name] = path
   return found
 
@@ -211,7 +212,8 @@ def plot(runs: Dict[str, Dict[str, Scalars]], output_path: str,
 
   Args:
     runs: `{label: read_run(...)}`, in legend order.
-    output_path: Where to write the PNG; its directory is created if needed.
+    output_path: Where to write the PNG (whole: `files.write_bytes`); its
+      directory is created if needed.
     include_all: Whether to plot `steps_per_second` and
       `examples_per_second` too.
 
@@ -235,12 +237,11 @@ def plot(runs: Dict[str, Dict[str, Scalars]], output_path: str,
     for index in range(len(names), rows * columns):
       axes[index // columns][index % columns].set_visible(False)
     figure.tight_layout()
-    directory = os.path.dirname(output_path)
-    if directory:
-      os.makedirs(directory, exist_ok=True)
-    figure.savefig(output_path, dpi=DPI, format="png")
+    png = io.BytesIO()
+    figure.savefig(png, dpi=DPI, format="png")
   finally:
     plt.close(figure)
+  files.write_bytes(output_path, png.getvalue())
   return names
 
 
@@ -289,8 +290,11 @@ def main(argv: List[str]) -> None:
   # Hides summary_iterator's deprecation warning.
   tf.get_logger().setLevel("ERROR")
   try:
+    for model_dir in model_dirs:
+      files.check_path(model_dir, "MODEL_DIR")
+    files.check_path(FLAGS.output, "--output")
     runs = load_runs(model_dirs)
-  except ValueError as e:
+  except (ValueError, errors.ConfigError) as e:
     _fail(str(e))
   except tf.errors.OpError as e:  # An unreadable event file.
     _fail(f"{type(e).__name__}: {e.message.strip().splitlines()[0]}")
@@ -304,6 +308,9 @@ def main(argv: List[str]) -> None:
     plot(runs, FLAGS.output, include_all=FLAGS.all)
   except OSError as e:
     _fail(f"cannot write {FLAGS.output}: {e.strerror or e}")
+  except tf.errors.OpError as e:  # A URL it cannot write.
+    _fail(f"cannot write {FLAGS.output}: "
+          f"{e.message.strip().splitlines()[0]}")
   for name in names:
     counts = [sum(len(run[split].get(name, ())) for split in SPLITS)
               for run in runs.values()]

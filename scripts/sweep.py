@@ -25,7 +25,8 @@ import importlib.util
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))  # local-path: the repository's own file
 
 # pylint: disable=wrong-import-position
 from trainer.sweeps import warm  # noqa: E402  The standard library only.

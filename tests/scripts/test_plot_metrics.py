@@ -171,3 +171,24 @@ def test_script_missing_directory(runs_dir, tmp_path):
   assert lines[0].startswith("plot_metrics.py: error: ")
   assert missing in lines[0]
   assert not output.exists()
+
+
+def test_runs_and_output_at_a_url(tmp_path, monkeypatch):
+  # TensorFlow's in-process `ram://` stands for gs://: the runs are read and
+  # the PNG written there, nothing in the working directory.
+  monkeypatch.chdir(tmp_path)
+  root = f"ram://{tmp_path.name}"
+  write_events(f"{root}/alpha/train", ALPHA_TRAIN)
+  write_events(f"{root}/alpha/eval/clean", ALPHA_EVAL)
+  run = plot_metrics.read_run(f"{root}/alpha")
+  assert run == {"train": ALPHA_TRAIN,
+                 "eval": {f"clean/{tag}": points
+                          for tag, points in ALPHA_EVAL.items()}}
+  output = f"{root}/plots/metrics.png"
+  assert plot_metrics.plot({"alpha": run}, output) == [
+      "loss", "accuracy", "learning_rate", "clean/accuracy", "clean/loss"]
+  with tf.io.gfile.GFile(output, "rb") as f:
+    assert mpimg.imread(f, format="png").shape[:2] == (600, 1200)
+  with pytest.raises(ValueError, match=f"no such directory: {root}/beta"):
+    plot_metrics.read_run(f"{root}/beta")
+  assert not os.listdir(tmp_path)
