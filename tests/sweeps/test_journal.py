@@ -5,7 +5,9 @@ import os
 
 import optuna
 import pytest
+import tensorflow as tf
 
+from trainer import console
 from trainer import errors
 from trainer.storage import files
 from trainer.sweeps import journal
@@ -89,3 +91,21 @@ def test_copies_gone_separate_ways_are_refused(url_sweep_dir, tmp_path,
       f"the journal of {url_sweep_dir} and this machine's copy "
       f"({journal.path(url_sweep_dir)}) went separate ways (two machines "
       "swept it at once?): move the copy away to continue from the URL's.")
+
+
+def test_a_copy_that_fails_is_said_and_the_sweep_goes_on(url_sweep_dir,
+                                                         monkeypatch):
+  os.makedirs(os.path.dirname(journal.path(url_sweep_dir)))
+  _study(url_sweep_dir, trials=1)
+  said = []
+  monkeypatch.setattr(console, "warning", said.append)
+
+  def unreachable(path, data, root=None):
+    raise tf.errors.UnavailableError(None, None, "connection reset\nmore")
+
+  monkeypatch.setattr(files, "write_bytes", unreachable)
+  journal.save(url_sweep_dir)
+  assert said == [
+      f"sweep | {url_sweep_dir}/study.journal not copied (UnavailableError: "
+      f"connection reset); the journal is whole in "
+      f"{journal.path(url_sweep_dir)}, copied again after the next trial"]

@@ -165,9 +165,10 @@ def sampler_kind(space) -> str:
 
 def prepare(sweep_dir: str, ahead: Optional[warm.Ahead] = None):
   """Checks every input; returns the plan, the study's identity, and
-  whether the study exists already. Writes nothing. With `ahead`, its
-  process runs the dry run of a new sweep, and the first trial's process
-  starts once the bindings are checked.
+  whether the study exists already. Writes nothing but, for a URL sweep,
+  its journal's local copy (`journal.restore`). With `ahead`, its process
+  runs the dry run of a new sweep, and the first trial's process starts
+  once the bindings are checked.
 
   Raises:
     errors.ConfigError: The first problem, as one line.

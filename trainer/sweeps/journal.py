@@ -271,6 +271,8 @@ def restore(sweep_dir: str) -> None:
 def save(sweep_dir: str) -> None:
   """Copies a URL sweep directory's local journal to the URL, whole (one
   object); nothing for a local one, or one without a journal (`--storage`).
+  A copy that fails is said in one line: the sweep goes on, and the next
+  copies the whole journal.
   """
   remote = url_copy(sweep_dir)
   local = path(sweep_dir)
@@ -278,4 +280,11 @@ def save(sweep_dir: str) -> None:
     return
   with _held(_lock(local)):  # A whole copy: no append in progress.
     data = files.read_bytes(local)
-  files.write_bytes(remote, data)
+  try:
+    files.write_bytes(remote, data)
+  except Exception as e:  # pylint: disable=broad-except
+    # The store out of reach a while (TensorFlow's errors, not OSError).
+    console.warning(f"sweep | {remote} not copied ({type(e).__name__}: "
+                    f"{str(e).splitlines()[0] if str(e) else ''}); the "
+                    f"journal is whole in {local}, copied again after the "
+                    "next trial")
