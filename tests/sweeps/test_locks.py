@@ -79,3 +79,12 @@ def test_a_live_process_elsewhere_is_refused_a_dead_ones_taken_over(
   with locks.alone(url_sweep_dir):
     assert files.read_json(owner)["pid"] == os.getpid()
   assert not files.exists(owner)
+
+
+def test_a_process_taken_for_dead_leaves_its_successor_be(url_sweep_dir):
+  owner = os.path.join(url_sweep_dir, locks.OWNER)
+  with locks.alone(url_sweep_dir):
+    # Its heartbeat was late (a network partition): another took over.
+    files.write_json(owner, {"host": "node-7", "pid": 12, "token": "x",
+                             "beat": time.time()})
+  assert files.read_json(owner)["token"] == "x"

@@ -17,13 +17,12 @@ one process may sweep it (`alone`), its trials run by `--parallel` threads.
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import socket
 import threading
 import time
 import uuid
-from typing import Iterator, Optional
+from typing import Any, Dict, Iterator, Optional
 
 from trainer import console
 from trainer import errors
@@ -144,10 +143,7 @@ def alone(sweep_dir: str, heartbeat_seconds: float = HEARTBEAT_SECONDS,
   stop = threading.Event()
   beats = None
   try:
-    try:
-      found = files.read_json(owner)
-    except ValueError:  # Cut short: no live owner wrote it whole.
-      found = None
+    found = _owner(owner)
     if found and time.time() - found.get("beat", 0) < stale_seconds:
       raise _refusal(sweep_dir, (
           f"pid {found.get('pid')} on host {found.get('host')} (seen "
@@ -176,5 +172,15 @@ def alone(sweep_dir: str, heartbeat_seconds: float = HEARTBEAT_SECONDS,
     stop.set()
     if beats is not None:
       beats.join()
-      files.remove(owner)
+      # Unless another process took it over, taking this one for dead.
+      if (_owner(owner) or {}).get("token") == record["token"]:
+        files.remove(owner)
     release(fd)
+
+
+def _owner(path: str) -> Optional[Dict[str, Any]]:
+  """The process that `OWNER` at `path` names; None if there is none."""
+  try:
+    return files.read_json(path)
+  except ValueError:  # Not whole: no live owner wrote it.
+    return None
