@@ -13,7 +13,10 @@ trial's bindings as `--gin_param`s. The study is Optuna's journal file in
 `--sweep_dir` (or `--storage`): rerunning the same command continues it, a
 trial a dead process left resumes from its checkpoint, and more processes
 on the same `--sweep_dir` join as workers. `--report` prints the table of
-a sweep and writes its results.csv.
+a sweep and writes its results.csv. A URL `--sweep_dir` (`gs://...`) holds
+the trials and results, and a copy of the journal, which is kept on the
+sweeping machine (Optuna's journal needs a local file system): one process
+sweeps it, and a rerun on any machine continues from the copy.
 
 Exit codes: 0 done, 1 the first trials all failed, a trial was killed by a
 signal, or the disk is full or read-only (one line; rerun to continue),

@@ -48,7 +48,8 @@ _DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
 FLAGS = flags.FLAGS
 flags.DEFINE_string("sweep_dir", None, "Directory of the sweep: the study "
                     "(journal file), one model_dir per trial (trial-<n>), "
-                    "results.csv.")
+                    "results.csv. A URL (gs://...) too: one process sweeps "
+                    "it, its journal kept locally and copied there.")
 flags.DEFINE_multi_string("space", [], "A swept binding: 'BINDING=[a, b]', "
                           "'BINDING=loguniform(a, b)', 'BINDING=uniform(a, "
                           "b)' or 'BINDING=int(a, b)'; repeatable.")
