@@ -42,8 +42,12 @@ def test_a_url_trials_log_is_local_then_copied_to_its_model_dir(
 
 
 def test_a_url_model_dir_needs_a_local_log(url_sweep_dir):
-  with pytest.raises(ValueError, match=r"trial-0 is a URL: give a local "
-                     r"`log_path`\."):
-    trial_run.TrialProcess(["python", "train.py"], url_sweep_dir + "/trial-0",
-                           "accuracy")
+  for log_path in (None, url_sweep_dir + "/trial-0/sweep.log"):
+    with pytest.raises(ValueError) as raised:
+      trial_run.TrialProcess(["python", "train.py"],
+                             url_sweep_dir + "/trial-0", "accuracy",
+                             log_path=log_path)
+    assert str(raised.value) == (
+        f"{url_sweep_dir}/trial-0/sweep.log is a URL: a process writes its "
+        "output to a local file, give one as `log_path`.")
   assert not os.path.exists(os.path.join(os.getcwd(), "ram:"))

@@ -78,7 +78,7 @@ class Outcome:
 def command(gin_files: Sequence[str], gin_params: Sequence[str], mode: str,
             model_dir: str, python: str = "python") -> List[str]:
   """The `train.py` command of a trial."""
-  return ([python, os.path.relpath(TRAIN_PY)] +  # local-path: ours
+  return ([python, os.path.relpath(TRAIN_PY)] +  # local-path: our train.py
           [f"--gin_file={path}" for path in gin_files] +
           [f"--gin_param={param}" for param in gin_params] +
           [f"--mode={mode}", f"--model_dir={model_dir}"])
@@ -185,11 +185,12 @@ class TrialProcess:
                preemption_exit_code: int = 42, launcher: Sequence[str] = (),
                python: Optional[warm.WarmPython] = None,
                log_path: Optional[str] = None):
-    if log_path is None and files.is_url(model_dir):
-      raise ValueError(f"{model_dir} is a URL: give a local `log_path`.")
-    self._launcher = list(launcher)
     self._log = os.path.join(model_dir, LOG)
     self._log_path = log_path or self._log
+    if files.is_url(self._log_path):
+      raise ValueError(f"{self._log_path} is a URL: a process writes its "
+                       "output to a local file, give one as `log_path`.")
+    self._launcher = list(launcher)
     self._python = python
     self._argv = list(argv)
     self._model_dir = model_dir
