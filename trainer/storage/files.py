@@ -207,16 +207,20 @@ def makedirs(path: str) -> None:
     os.makedirs(_local(path), exist_ok=True)
 
 
+def _url_removed(remover: Callable[[str], None], path: str) -> bool:
+  """Calls `remover(path)` on a URL; returns False if nothing was there."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  try:
+    remover(path)
+  except tf.errors.NotFoundError:
+    return False
+  return True
+
+
 def remove(path: str) -> bool:
   """Removes file `path`; returns whether there was one."""
   if is_url(path):
-    gfile = _gfile()
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    try:
-      gfile.remove(path)
-    except tf.errors.NotFoundError:
-      return False
-    return True
+    return _url_removed(_gfile().remove, path)
   try:
     os.remove(_local(path))
   except FileNotFoundError:
@@ -227,12 +231,7 @@ def remove(path: str) -> bool:
 def rmtree(path: str) -> None:
   """Removes directory `path` and everything below it, if there."""
   if is_url(path):
-    gfile = _gfile()
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    try:
-      gfile.rmtree(path)
-    except tf.errors.NotFoundError:
-      pass
+    _url_removed(_gfile().rmtree, path)
   else:
     shutil.rmtree(_local(path), ignore_errors=True)
 
