@@ -128,8 +128,8 @@ def test_a_digits_run_keeps_every_file_in_the_bucket_and_resumes_elsewhere(
 def test_killed_then_evaluated_warm_started_and_plotted_from_the_bucket(
     gcs_bucket, reference, tmp_path):
   """SIGKILL and a rerun elsewhere end as the run never stopped; a
-  continuous evaluator evaluates each checkpoint once, and a second one
-  (another machine) skips them all; a warm start reads a gs:// checkpoint;
+  continuous evaluator on another machine skips every checkpoint the run
+  evaluated; a warm start reads a gs:// checkpoint;
   plot_metrics reads and writes the bucket."""
   model_dir = f"{gcs_bucket}/runs/digits"
   train = [*_DIGITS, f"--model_dir={model_dir}"]
@@ -145,12 +145,9 @@ def test_killed_then_evaluated_warm_started_and_plotted_from_the_bucket(
   assert not [name for name in _bucket_files(model_dir)
               if "_temp" in name or files.TEMPORARY_PREFIX in name]
 
+  # The run's evaluations are recorded in the bucket: an evaluator on
+  # another machine evaluates none of them again.
   evaluate = [*_DIGITS, "--mode=continuous_eval", f"--model_dir={model_dir}"]
-  first = helpers.run_cli(evaluate, cwd=cwd, env=env)
-  assert first.returncode == 0, first.stderr[-2000:]
-  assert [line.split(" | ")[1] for line in first.stdout.splitlines()
-          if line.startswith("eval | step ")] == [
-              "step 20", "step 40", "step 60"]
   cwd, env = _machine(tmp_path, "third")
   again = helpers.run_cli(evaluate, cwd=cwd, env=env)
   assert again.returncode == 0, again.stderr[-2000:]
@@ -197,7 +194,7 @@ def test_two_trainers_on_one_bucket_path_the_earlier_stops_at_its_save(
     second = helpers.TrainProcess(args, env=env, cwd=cwd)
     second.wait_for(r"left its trainer lease there", timeout=180)
     assert first.process.wait(timeout=180) == 1
-    stderr = first.stderr()
+    stderr = first.stderr
     assert stderr.strip().splitlines()[-1].startswith(
         f"train.py: error: model_dir {model_dir} was taken by pid "
         f"{second.process.pid} on host ")
