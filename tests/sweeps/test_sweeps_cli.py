@@ -44,8 +44,15 @@ class FakeProcess:
 def sweep_flags(url_sweep_dir, monkeypatch):
   """The sweep's flags parsed, `prepare` (the checks, the dry run) stood
   in for, trials faked; the flags unparsed afterwards."""
-  cli.FLAGS(["sweep.py", f"--sweep_dir={url_sweep_dir}", "--metric=accuracy",
-             "--space=a.b=[1, 2]", "--n_trials=2", "--gin_file=x.gin"])
+  # Each flag parsed on its own, not `FLAGS(argv)`: that runs every
+  # validator of the process's one FlagValues, and another module imported
+  # in this pytest worker (scripts/data_service.py requires --port) would
+  # fail it.
+  for name, value in (("sweep_dir", url_sweep_dir), ("metric", "accuracy"),
+                      ("space", "a.b=[1, 2]"), ("n_trials", "2"),
+                      ("gin_file", "x.gin")):
+    cli.FLAGS[name].parse(value)
+  cli.FLAGS.mark_as_parsed()
   plan = worker.Plan(sweep_dir=url_sweep_dir, space=tuple(SPACE),
                      metric="accuracy", gin_files=("x.gin",), gin_params=(),
                      mode="train_and_eval", total=2)
