@@ -26,6 +26,24 @@ def test_a_gin_file_at_a_url_is_read_there_with_its_includes(
   assert not os.listdir(tmp_path)
 
 
+@pytest.mark.parametrize("where,steps", [("url", 9), ("local", 11)])
+def test_an_include_is_found_beside_its_gin_file(where, steps, tmp_path,
+                                                 monkeypatch):
+  """`include 'base.gin'` in `gs://b/configs/exp.gin` (here `ram://`) or a
+  local folder: found beside it from another working directory, and not
+  beside an earlier config of the process (the two write other steps)."""
+  monkeypatch.chdir(tmp_path)
+  folder = (f"ram://{tmp_path.name}/configs" if where == "url" else
+            str(tmp_path / "cfg"))
+  files.write_text(f"{folder}/base.gin", "include 'gin/digits.gin'\n"
+                   f"trainer.train_steps = {steps}\n")
+  files.write_text(f"{folder}/exp.gin", "include 'base.gin'\n"
+                   "DigitsClassification.filters = 3\n")
+  task, _, config = gin_config.load_config([f"{folder}/exp.gin"], [])
+  assert (task.filters, config.train_steps) == (3, steps)
+  assert os.listdir(tmp_path) == ([] if where == "url" else ["cfg"])
+
+
 def test_gin_errors_at_a_url_name_its_file_and_line(tmp_path):
   path = f"ram://{tmp_path.name}/bad.gin"
   files.write_text(path, "import tasks.digits\ntrainer.train_steps = = 3\n")

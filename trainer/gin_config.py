@@ -162,7 +162,7 @@ def load_config(gin_files: Sequence[str], gin_params: Sequence[str]
     if directory not in sys.path:
       sys.path.insert(0, directory)
   try:
-    with _quiet_package_lookups():
+    with _quiet_package_lookups(), _includes_beside(found):
       gin.parse_config_files_and_bindings(gin_files, gin_params,
                                           skip_unknown=False)
     task = configured_task()
@@ -208,6 +208,28 @@ def _quiet_package_lookups():
     yield
   finally:
     root.removeFilter(quiet)
+
+
+@contextlib.contextmanager
+def _includes_beside(gin_files: Sequence[str]):
+  """A block in which an `include` is found as a --gin_file is, then beside
+  one of `gin_files`: a config kept with its base (`gs://b/configs/exp.gin`
+  including 'base.gin') needs neither a working directory nor a full path.
+
+  Gin tries its search paths in order (this repository stays before these)
+  and keeps them for the process: they are put back after the block, so a
+  second config loaded in one process (tests, a sweep's checks) finds
+  nothing beside the first one's files.
+  """
+  # Gin has no call that removes a search path: its list, kept as it was.
+  prefixes = gin.config._LOCATION_PREFIXES  # pylint: disable=protected-access
+  kept = list(prefixes)
+  for directory in dict.fromkeys(os.path.dirname(path) for path in gin_files):
+    gin.add_config_file_search_path(directory)
+  try:
+    yield
+  finally:
+    prefixes[:] = kept
 
 
 def _find_gin_file(path: str) -> str:

@@ -2,6 +2,8 @@
 one process sweeps it, and says so at the URL."""
 
 import os
+import socket
+import subprocess
 import time
 
 import pytest
@@ -61,24 +63,76 @@ def test_one_process_sweeps_a_url_and_says_so_there(url_sweep_dir):
   assert not files.exists(owner)
 
 
-def test_a_live_process_elsewhere_is_refused_a_dead_ones_taken_over(
-    url_sweep_dir):
+def _record(host, pid, age, token="x"):
+  return {"host": host, "pid": pid, "token": token,
+          "beat": time.time() - age}
+
+
+def test_a_process_elsewhere_that_beats_again_is_refused(url_sweep_dir,
+                                                         monkeypatch):
   owner = os.path.join(url_sweep_dir, locks.OWNER)
-  files.write_json(owner, {"host": "node-7", "pid": 12, "token": "x",
-                           "beat": time.time() - 5})
+  files.write_json(owner, _record("node-7", 12, 5))
+  waited = []
+
+  def sleep(seconds):  # Its heartbeat comes while this process waits.
+    waited.append(seconds)
+    files.write_json(owner, _record("node-7", 12, 0))
+
+  monkeypatch.setattr(locks.time, "sleep", sleep)
   with pytest.raises(errors.ConfigError) as raised:
-    with locks.alone(url_sweep_dir):
+    with locks.alone(url_sweep_dir, heartbeat_seconds=30):
       pass
   assert str(raised.value) == _refusal(
-      url_sweep_dir, "pid 12 on host node-7 (seen 5 s ago; gone, it is "
-      "taken over 120 s after)")
+      url_sweep_dir, "pid 12 on host node-7 (its heartbeat came 0 s ago)")
+  assert waited == [5.0]  # Polled every 5 s at most.
   assert files.read_json(owner)["host"] == "node-7"  # Left as it was.
-  # Killed (SIGKILL) two minutes ago: this process continues its sweep.
-  files.write_json(owner, {"host": "node-7", "pid": 12, "token": "x",
-                           "beat": time.time() - 121})
-  with locks.alone(url_sweep_dir):
+
+
+def test_a_silent_process_elsewhere_is_waited_out_then_taken_over(
+    url_sweep_dir, capsys):
+  """Killed (SIGKILL) on another pod: its rescheduled successor waits until
+  its heartbeat is `stale_seconds` old, then continues its sweep."""
+  owner = os.path.join(url_sweep_dir, locks.OWNER)
+  files.write_json(owner, _record("node-7", 12, 0.2))
+  started = time.time()
+  with locks.alone(url_sweep_dir, stale_seconds=1.0):
+    assert 0.7 < time.time() - started < 3
     assert files.read_json(owner)["pid"] == os.getpid()
   assert not files.exists(owner)
+  assert (f"sweep | {owner}: pid 12 on host node-7 was seen 0 s ago; "
+          "waiting up to 1 s for its next heartbeat (none: it is gone and "
+          "this process continues its sweep)") in capsys.readouterr().out
+  # Two minutes old: taken over at once.
+  files.write_json(owner, _record("node-7", 12, 121))
+  started = time.time()
+  with locks.alone(url_sweep_dir):
+    assert files.read_json(owner)["pid"] == os.getpid()
+  assert time.time() - started < 1
+
+
+def test_a_gone_process_of_this_host_is_taken_over_at_once(url_sweep_dir,
+                                                           capsys):
+  owner = os.path.join(url_sweep_dir, locks.OWNER)
+  gone = _dead_pid()
+  files.write_json(owner, _record(socket.gethostname(), gone, 1))
+  with locks.alone(url_sweep_dir):
+    assert files.read_json(owner)["pid"] == os.getpid()
+  assert (f"sweep | {owner}: pid {gone} of this host is gone: this process "
+          "continues its sweep") in capsys.readouterr().out
+  # A running one of this host (another HOME's local folder, its flock
+  # unseen) is waited for like one elsewhere.
+  files.write_json(owner, _record(socket.gethostname(), os.getpid(), 0.2))
+  with locks.alone(url_sweep_dir, stale_seconds=1.0):
+    pass
+  assert "waiting up to 1 s for its next heartbeat" in (
+      capsys.readouterr().out)
+
+
+def _dead_pid():
+  """The pid of a process that has ended (and been reaped)."""
+  process = subprocess.Popen(["true"])
+  process.wait()
+  return process.pid
 
 
 def test_a_process_taken_for_dead_leaves_its_successor_be(url_sweep_dir):

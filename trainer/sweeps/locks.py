@@ -143,12 +143,7 @@ def alone(sweep_dir: str, heartbeat_seconds: float = HEARTBEAT_SECONDS,
   stop = threading.Event()
   beats = None
   try:
-    found = _owner(owner)
-    if found and time.time() - found.get("beat", 0) < stale_seconds:
-      raise _refusal(sweep_dir, (
-          f"pid {found.get('pid')} on host {found.get('host')} (seen "
-          f"{time.time() - found.get('beat', 0):.0f} s ago; gone, it is "
-          f"taken over {stale_seconds:.0f} s after)"))
+    _wait_until_gone(owner, sweep_dir, heartbeat_seconds, stale_seconds)
     record = {"host": socket.gethostname(), "pid": os.getpid(),
               "token": uuid.uuid4().hex}
 
@@ -176,6 +171,58 @@ def alone(sweep_dir: str, heartbeat_seconds: float = HEARTBEAT_SECONDS,
       if (_owner(owner) or {}).get("token") == record["token"]:
         files.remove(owner)
     release(fd)
+
+
+def _running_here(found: Dict[str, Any]) -> bool:
+  """Whether the process `found` names runs on this host (False: it ran
+  here and is gone)."""
+  try:
+    os.kill(int(found.get("pid")), 0)
+  except ProcessLookupError:
+    return False
+  except (OSError, TypeError, ValueError):
+    pass  # Another user's process (EPERM), or no pid: taken as running.
+  return True
+
+
+def _wait_until_gone(owner: str, sweep_dir: str, heartbeat_seconds: float,
+                     stale_seconds: float) -> None:
+  """Returns once no live process holds `owner`.
+
+  A holder on this host that is no longer running is gone at once. One on
+  another host cannot be asked: it is gone when its heartbeat is
+  `stale_seconds` old, so a sweep rescheduled after a SIGKILL (another
+  pod) waits out what is left of that, saying so, rather than refusing.
+
+  Raises:
+    errors.ConfigError: The holder beat again: it is alive.
+  """
+  found = _owner(owner)
+  if not found:
+    return
+  if found.get("host") == socket.gethostname() and not _running_here(found):
+    console.info(f"sweep | {owner}: pid {found.get('pid')} of this host "
+                  "is gone: this process continues its sweep")
+    return
+  beat = found.get("beat", 0)
+  age = time.time() - beat
+  if age >= stale_seconds:
+    return
+  console.info(
+      f"sweep | {owner}: pid {found.get('pid')} on host {found.get('host')} "
+      f"was seen {age:.0f} s ago; waiting up to {stale_seconds - age:.0f} s "
+      "for its next heartbeat (none: it is gone and this process continues "
+      "its sweep)")
+  while time.time() - beat < stale_seconds:
+    time.sleep(min(heartbeat_seconds, 5.0,
+                   max(0.0, stale_seconds - (time.time() - beat))))
+    now = _owner(owner)
+    if now and now.get("beat") != beat:
+      raise _refusal(sweep_dir, (
+          f"pid {now.get('pid')} on host {now.get('host')} (its heartbeat "
+          f"came {max(0.0, time.time() - now.get('beat', 0)):.0f} s ago)"))
+    if not now:
+      return  # It ended and removed its record.
 
 
 def _owner(path: str) -> Optional[Dict[str, Any]]:
