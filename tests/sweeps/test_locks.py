@@ -4,12 +4,14 @@ one process sweeps it, and says so at the URL."""
 import os
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
 
 from trainer import errors
 from trainer.storage import files
+from trainer.storage import lease
 from trainer.sweeps import locks
 from trainer.sweeps import warm
 
@@ -26,8 +28,31 @@ def test_a_url_sweeps_locks_are_in_its_local_folder(url_sweep_dir):
   with locks.held(locks.claims(url_sweep_dir)):
     pass
   assert not files.exists(url_sweep_dir)  # Nothing at the URL.
-  # A URL model_dir has no trainer lease to wait for.
+  # No trainer's lease object there: nothing to wait for.
   assert locks.wait_for_trainer(url_sweep_dir + "/trial-3", timeout=0)
+
+
+def test_a_url_trial_is_waited_for_while_its_trainer_runs_here(
+    url_sweep_dir):
+  """A killed sweep's trial (SIGTERM from its parent's death) may still be
+  saving: its lease object names it, and its rerun waits while it runs."""
+  model_dir = url_sweep_dir + "/trial-0"
+  saving = subprocess.Popen([sys.executable, "-c", "import time; "
+                             "time.sleep(30)"])
+  try:
+    files.write_json(lease.lock_path(model_dir, lease.TRAINER), {
+        "host": socket.gethostname(), "pid": saving.pid, "token": "x"})
+    assert not locks.wait_for_trainer(model_dir, timeout=0.3,
+                                      poll_seconds=0.05)
+  finally:
+    saving.kill()
+    saving.wait()
+  # Ended (killed, its object left): free.
+  assert locks.wait_for_trainer(model_dir, timeout=0)
+  # Elsewhere: it cannot be asked; not waited for.
+  files.write_json(lease.lock_path(model_dir, lease.TRAINER), {
+      "host": "node-7", "pid": os.getpid(), "token": "x"})
+  assert locks.wait_for_trainer(model_dir, timeout=0)
 
 
 def test_a_local_sweep_has_its_locks_in_it(tmp_path):

@@ -232,6 +232,12 @@ def verify(directory: str) -> None:
           "are kept. Stop the other, or give each its own --model_dir.")
 
 
+def object_holder(directory: str, role: str) -> Optional[Dict[str, object]]:
+  """The record in URL `directory`'s lease object of `role` (host, pid,
+  since, mode); None if there is none: no holder, or one that ended."""
+  return _read_object(lock_path(directory, role))
+
+
 def _read_object(path: str) -> Optional[Dict[str, object]]:
   """The holder record in lease object `path`; None if none is there."""
   try:

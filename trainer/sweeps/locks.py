@@ -83,12 +83,24 @@ def wait_for_trainer(model_dir: str, timeout: float,
                      poll_seconds: float = 0.5) -> bool:
   """Waits until no process holds `model_dir`'s trainer lease (a killed
   sweep's trial may still be saving its checkpoint); returns whether it
-  became free within `timeout` seconds. A URL `model_dir` has no lease
-  (`trainer.storage.lease`): free at once."""
-  if files.is_url(model_dir):
-    return True
-  path = lease.lock_path(model_dir, lease.TRAINER)
+  became free within `timeout` seconds.
+
+  A URL `model_dir`'s lease is an object (`trainer.storage.lease`): it is
+  waited for while it names a process of this host that still runs. One it
+  names elsewhere cannot be asked: not waited for (if it still runs, the
+  earlier of the two trials stops at its next checkpoint save).
+  """
   deadline = time.monotonic() + timeout
+  if files.is_url(model_dir):
+    while True:
+      holder = lease.object_holder(model_dir, lease.TRAINER)
+      if (not holder or holder.get("host") != socket.gethostname() or
+          not _running_here(holder)):
+        return True
+      if time.monotonic() > deadline:
+        return False
+      time.sleep(poll_seconds)
+  path = lease.lock_path(model_dir, lease.TRAINER)
   while files.exists(path):
     fd = try_lock(path)
     if fd is not None:
