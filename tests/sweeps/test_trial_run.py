@@ -3,6 +3,7 @@ kept locally while it runs, then copied to `model_dir/sweep.log`."""
 
 import os
 import threading
+import time
 
 import pytest
 
@@ -39,6 +40,51 @@ def test_a_url_trials_log_is_local_then_copied_to_its_model_dir(
       "train | finished at step 40"]
   with open(local) as f:
     assert f.read() == files.read_text(model_dir + "/sweep.log")
+
+
+def test_a_url_trials_log_is_copied_while_it_runs(url_sweep_dir, tmp_path,
+                                                  monkeypatch):
+  """A sweep killed with its machine leaves the URL the log up to its last
+  copy, not nothing."""
+  monkeypatch.setattr(trial_run, "LOG_COPY_SECONDS", 0.1)
+  started = tmp_path / "seen"
+  script = tmp_path / "fake_train.py"
+  script.write_text(
+      "import os, time\n"
+      "print('train | step  20/40 | 5.0 steps/s', flush=True)\n"
+      # Never copied: the test fails, not hangs.
+      "deadline = time.time() + 20\n"
+      f"while not os.path.exists({str(started)!r}) and\\\n"
+      "    time.time() < deadline:\n"
+      "  time.sleep(0.05)\n"
+      "print('train | finished at step 40', flush=True)\n")
+  model_dir = url_sweep_dir + "/trial-0"
+  copies = []
+
+  def report(step, value):
+    del step, value
+    return False
+
+  def seen():
+    # Polled as the sweep polls: the URL's log while the process waits.
+    deadline = time.time() + 20
+    while not started.exists() and time.time() < deadline:
+      text = files.read_text(model_dir + "/sweep.log")
+      if text:
+        copies.append(text)
+        started.write_text("")
+      threading.Event().wait(0.05)
+
+  watcher = threading.Thread(target=seen)
+  watcher.start()
+  process = trial_run.TrialProcess(
+      ["python", str(script)], model_dir, "accuracy", launcher=("env",),
+      log_path=str(tmp_path / "cache" / trial_run.LOG))
+  process.run(report, threading.Event(), poll_seconds=0.05)
+  watcher.join(timeout=30)
+  assert copies == ["train | step  20/40 | 5.0 steps/s\n"]
+  assert files.read_text(model_dir + "/sweep.log").splitlines()[-1] == (
+      "train | finished at step 40")
 
 
 def test_a_url_model_dir_needs_a_local_log(url_sweep_dir):

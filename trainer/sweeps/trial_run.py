@@ -10,7 +10,8 @@ log lines, which a kill may leave ahead of both.
 
 A process writes its output to a local file: a URL model_dir's log is kept
 on this machine while the trial runs, and copied to `model_dir/sweep.log`
-when it ends.
+every `LOG_COPY_SECONDS` and when it ends (a sweep killed with its machine
+loses at most that much of it).
 """
 
 import dataclasses
@@ -28,6 +29,10 @@ from trainer.actions import metrics_csv
 from trainer.storage import evaluated
 from trainer.storage import files
 from trainer.sweeps import warm
+
+# How often a URL model_dir's log is copied there while its trial runs: a
+# whole object each time (an object store cannot append).
+LOG_COPY_SECONDS = 30.0
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))  # local-path: the repository's own file
@@ -250,7 +255,12 @@ class TrialProcess:
     # short run may end in between): such a run is let finish, not told to
     # save and resume.
     late = None
+    copied = time.monotonic()
     while not _exited(process, poll_seconds):
+      if (log_path != self._log and
+          time.monotonic() - copied >= LOG_COPY_SECONDS):
+        files.copy(log_path, self._log)
+        copied = time.monotonic()
       if stop.is_set():
         stopped = True
         if not self._signalled:  # Started as the sweep stopped.
