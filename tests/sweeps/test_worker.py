@@ -1,9 +1,12 @@
 """trainer/sweeps/worker.py on a URL sweep directory: trials' model_dirs at
 the URL, their locks and logs local, the journal copied after each trial."""
 
+import json
 import os
 
 import optuna
+# The journal's operation codes (the file format; not exported by optuna).
+from optuna.storages.journal._storage import JournalOperation
 
 from trainer.storage import files
 from trainer.sweeps import journal
@@ -33,9 +36,12 @@ class FakeProcess:
 
   def run(self, report_, stop, poll_seconds):
     del report_, stop, poll_seconds
-    # Its model_dir, its log, and whether the journal's copy was at the URL.
-    FakeProcess.RUNS.append((self._model_dir, self._log_path, files.exists(
-        journal.url_copy(os.path.dirname(self._model_dir)))))
+    # Its model_dir, its log, and how many trials the URL's copy of the
+    # journal holds as it runs.
+    copy = files.read_text(journal.url_copy(os.path.dirname(self._model_dir)))
+    FakeProcess.RUNS.append((self._model_dir, self._log_path, sum(
+        json.loads(line)["op_code"] == JournalOperation.CREATE_TRIAL
+        for line in (copy or "").splitlines())))
     return trial_run.Outcome(trial_run.COMPLETE, FakeProcess.VALUES.pop(0),
                              40, 1.0)
 
@@ -56,10 +62,11 @@ def test_a_url_sweeps_trials_run_at_the_url_and_its_journal_follows(
   runner.run(1)
   assert runner.error is None
   local = warm.local_dir(url_sweep_dir)
-  # The journal was copied as the first trial ended.
+  # The journal was copied as each trial was claimed: a sweep killed in
+  # it is rerun elsewhere from a copy that holds it.
   assert FakeProcess.RUNS == [
       (f"{url_sweep_dir}/trial-{n}",
-       os.path.join(local, f"trial-{n}", trial_run.LOG), n == 1)
+       os.path.join(local, f"trial-{n}", trial_run.LOG), n + 1)
       for n in (0, 1)]
   for n in (0, 1):
     model_dir = f"{url_sweep_dir}/trial-{n}"

@@ -165,6 +165,10 @@ class Sweep:
           return
         trial, lock, earlier = claimed
         try:
+          # The claim too: a sweep killed in this trial is rerun elsewhere
+          # from the URL's copy, which then resumes the trial, not starts
+          # another in its model_dir.
+          journal.save(self._plan.sweep_dir)
           self._run(trial, earlier)
           journal.save(self._plan.sweep_dir)
         finally:
