@@ -197,9 +197,11 @@ def max_weight_difference(a: Dict[str, np.ndarray],
 
 
 def read_scalars(log_dir: str) -> Dict[str, List[tuple]]:
-  """Returns {tag: [(step, value), ...]} from every event file in `log_dir`."""
+  """Returns {tag: [(step, value), ...]} from every event file in `log_dir`
+  (a local path or a URL)."""
   scalars = {}
-  for path in sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*"))):
+  for path in sorted(tf.io.gfile.glob(
+      os.path.join(log_dir, "events.out.tfevents.*"))):
     for event in tf.compat.v1.train.summary_iterator(path):
       for value in event.summary.value:
         if value.metadata.plugin_data.plugin_name not in ("scalars", ""):

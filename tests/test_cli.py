@@ -431,8 +431,20 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("name,run,args,env,code,message", BAD_INPUTS,
-                         ids=[row[0] for row in BAD_INPUTS])
+# Each case is a train.py process (~5 s): these, whose messages are checked
+# in-process too (tests/test_config.py, test_runtime.py, test_gin_config.py),
+# run with the slow tests; the default suite keeps one of each kind.
+_SLOW_BAD_INPUTS = {
+    "unknown configurable", "misspelled parameter", "unknown strategy",
+    "unknown precision", "summary_interval vs steps_per_loop",
+    "validation_interval vs steps_per_loop", "task_index out of range",
+    "malformed worker_hosts", "TF_CONFIG task outside its cluster"}
+
+
+@pytest.mark.parametrize(
+    "name,run,args,env,code,message",
+    [pytest.param(*row, marks=pytest.mark.slow) if row[0] in _SLOW_BAD_INPUTS
+     else row for row in BAD_INPUTS], ids=[row[0] for row in BAD_INPUTS])
 def test_bad_input_is_one_line_and_leaves_model_dir_unchanged(
     trained_dirs, tmp_path, name, run, args, env, code, message):
   del name  # The test id.
@@ -458,12 +470,11 @@ def test_model_dir_that_is_a_file_is_one_line(tmp_path):
   assert result.returncode == 2
   assert result.stderr.strip().splitlines() == [
       f"train.py: error: --model_dir ({a_file}) is a file, not a directory."]
-  result = helpers.run_cli([f"--gin_file={DIGITS}",
-                            f"--model_dir={a_file}/run"])
-  assert result.returncode == 2
-  assert result.stderr.strip().splitlines() == [
-      f"train.py: error: --model_dir ({a_file}/run) cannot be created: "
-      f"{a_file} is a file."]
+  # Below a file: the same check, in-process (a second process costs 4 s).
+  with pytest.raises(errors.ConfigError) as raised:
+    cli._check_model_dir(f"{a_file}/run")  # pylint: disable=protected-access
+  assert str(raised.value) == (f"--model_dir ({a_file}/run) cannot be "
+                               f"created: {a_file} is a file.")
   assert a_file.read_text() == "keep"
 
 
@@ -587,6 +598,8 @@ def test_features_together_through_the_command_line(tmp_path):
   assert all(norm > 0 for _, norm in train["gradient_norm"])
 
 
+# A train.py process under RLIMIT_FSIZE (~7 s): a fault drill.
+@pytest.mark.slow
 def test_a_save_over_the_file_size_limit_is_not_reported_as_empty_input(
     tmp_path):
   import resource  # pylint: disable=g-import-not-at-top
@@ -624,27 +637,42 @@ def test_an_os_error_in_the_frameworks_own_writes_is_one_line(tmp_path):
   assert "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("model_dir,problem", [
+_URLS_THAT_CANNOT_WORK = [
     ("s3://bucket/run",
-     "TensorFlow 2.20 has no s3:// file system (tensorflow-io's plugins do "
-     "not load on it): mount the bucket (s3fs, mountpoint-s3) and pass the "
-     "local path, or use gs://."),
-    ("gs:/bucket/run", None),
+     "--model_dir (s3://bucket/run): TensorFlow 2.20 has no s3:// file "
+     "system (tensorflow-io's plugins do not load on it): mount the bucket "
+     "(s3fs, mountpoint-s3) and pass the local path, or use gs://."),
+    ("gs:/bucket/run", "--model_dir (gs:/bucket/run) has one slash after "
+     "`gs:`: write gs://bucket/run"),
     ("hdfs3://host/run",
-     "TensorFlow has no file system for `hdfs3://`; the schemes that work "
-     "are a local path, gs:// and ram://."),
-])
+     "--model_dir (hdfs3://host/run): TensorFlow has no file system for "
+     "`hdfs3://`; the schemes that work are a local path, gs:// and ram://."),
+]
+
+
+@pytest.mark.parametrize("model_dir,line", _URLS_THAT_CANNOT_WORK)
+def test_a_model_dir_url_that_cannot_work_is_named(tmp_path, monkeypatch,
+                                                   model_dir, line):
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(errors.ConfigError) as raised:
+    cli._check_model_dir(model_dir)  # pylint: disable=protected-access
+  assert str(raised.value) == line
+  assert os.listdir(tmp_path) == []
+
+
+# From the command line (a train.py process each, ~6 s): one in the default
+# suite, the others with the slow tests.
+@pytest.mark.parametrize("model_dir,line", [
+    _URLS_THAT_CANNOT_WORK[0],
+    *(pytest.param(*case, marks=pytest.mark.slow)
+      for case in _URLS_THAT_CANNOT_WORK[1:])])
 def test_a_model_dir_url_that_cannot_work_is_one_line_and_writes_nothing(
-    tmp_path, model_dir, problem):
+    tmp_path, model_dir, line):
   """Before this, each was a local folder (`./s3:/bucket/run/`) holding the
   operative config, then a failure at the first checkpoint."""
   result = helpers.run_cli(
       [f"--gin_file={os.path.join(helpers.REPO_ROOT, DIGITS)}",
        f"--model_dir={model_dir}"], cwd=str(tmp_path))
   assert result.returncode == 2, result.stderr[-2000:]
-  expected = (f"train.py: error: --model_dir ({model_dir}): {problem}"
-              if problem else
-              "train.py: error: --model_dir (gs:/bucket/run) has one slash "
-              "after `gs:`: write gs://bucket/run")
-  assert result.stderr.strip().splitlines()[-1] == expected
+  assert result.stderr.strip().splitlines()[-1] == f"train.py: error: {line}"
   assert os.listdir(tmp_path) == []

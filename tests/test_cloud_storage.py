@@ -12,8 +12,10 @@ import csv
 import io
 import os
 import signal
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 import tensorflow as tf
@@ -206,12 +208,20 @@ def test_two_trainers_on_one_bucket_path_the_earlier_stops_at_its_save(
 
 def test_the_imagenet_smoke_recipe_runs_and_resumes_from_the_bucket(
     gcs_bucket, tmp_path):
-  """ResNet-50's whole recipe (fake imagenet2012 data on a local disk):
+  """ResNet-50's whole recipe (fake imagenet2012 data, in the bucket):
   every artifact in the bucket, none on either machine, and a rerun
   elsewhere continues from the bucket's checkpoint."""
-  data_dir = str(tmp_path / "tfds")
-  fake_data.write("imagenet2012", data_dir, {"train": 16, "validation": 8},
+  # The data in the bucket too, as a cluster keeps it: tfds reads it there.
+  local_data = str(tmp_path / "tfds")
+  fake_data.write("imagenet2012", local_data, {"train": 16, "validation": 8},
                   image_sizes=(48, 80))
+  data_dir = f"{gcs_bucket}/tfds"
+  for directory, _, names in os.walk(local_data):
+    for name in names:
+      source = os.path.join(directory, name)
+      target = f"{data_dir}/{os.path.relpath(source, local_data)}"
+      tf.io.gfile.makedirs(os.path.dirname(target))
+      tf.io.gfile.copy(source, target)
   model_dir = f"{gcs_bucket}/runs/r50"
   args = [f"--gin_file={_GIN}/experiments/imagenet_resnet50_cpu_smoke.gin",
           f"--gin_param=ImageNetResNet50.data_dir='{data_dir}'",
@@ -232,3 +242,70 @@ def test_the_imagenet_smoke_recipe_runs_and_resumes_from_the_bucket(
   assert [name for name in stored if name.startswith("train/events.")]
   assert _local_files(cwd) == [] and _local_files(
       str(tmp_path / "first" / "cwd")) == []
+
+
+_SWEEP = [
+    "--gin_file=gin/digits.gin", "--poll_seconds=0.2",
+    "--space=optimizer.learning_rate=[0.01, 0.001]", "--sampler=grid",
+    "--n_trials=2", "--metric=accuracy",
+    *(f"--gin_param=trainer.{name}={value}" for name, value in (
+        ("train_steps", 200), ("steps_per_loop", 10),
+        ("checkpoint_interval", 50), ("validation_interval", 100),
+        ("summary_interval", 50)))]
+
+
+def _sweep_machine(tmp_path, name):
+  cwd, env = _machine(tmp_path, name)
+  # Where the sweep keeps its journal and locks: this machine's own.
+  env["XDG_CACHE_HOME"] = os.path.join(env["HOME"], ".cache")
+  return cwd, dict(os.environ, PYTHONUNBUFFERED="1", **env)
+
+
+def test_a_sweep_killed_on_one_machine_is_finished_on_another(gcs_bucket,
+                                                              tmp_path):
+  """`sweep.py --sweep_dir=gs://...` killed (SIGKILL, its machine lost) in
+  its first trial; rerun from another empty machine, it resumes that trial
+  from the bucket's checkpoint and journal and runs the next; results,
+  journal and every trial's files are in the bucket, none on a machine."""
+  sweep_dir = f"{gcs_bucket}/sweep"
+  sweep = [sys.executable, os.path.join(helpers.REPO_ROOT, "scripts",
+                                        "sweep.py"),
+           *_SWEEP, f"--sweep_dir={sweep_dir}"]
+  cwd, env = _sweep_machine(tmp_path, "first")
+  first = subprocess.Popen(sweep, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+  try:
+    deadline = time.time() + 300
+    while not tf.io.gfile.exists(f"{sweep_dir}/trial-0/checkpoint"):
+      assert time.time() < deadline and first.poll() is None
+      time.sleep(0.5)
+  finally:
+    first.kill()
+    out, _ = first.communicate(timeout=120)
+  assert "sweep | trial 0 start | " in out, out[-3000:]
+  assert _local_files(cwd) == []
+
+  cwd, env = _sweep_machine(tmp_path, "second")
+  second = subprocess.run(sweep, cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=900)
+  assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+  assert "sweep | trial 0 resume | " in second.stdout
+  assert "sweep | trial 1 start | " in second.stdout
+  assert _local_files(cwd) == []
+  rows = list(csv.DictReader(io.StringIO(
+      files.read_text(f"{sweep_dir}/results.csv"))))
+  assert sorted((row["trial"], row["state"]) for row in rows) == [
+      ("0", "COMPLETE"), ("1", "COMPLETE")]
+  for row in rows:
+    model_dir = f"{sweep_dir}/trial-{row['trial']}"
+    assert row["model_dir"] == model_dir
+    assert helpers.checkpoint_step(model_dir) == 200
+    # The value the sweep reports is the run's own last evaluation.
+    final = max(helpers.read_scalars(f"{model_dir}/eval")["accuracy"])[1]
+    assert float(row["accuracy"]) == pytest.approx(final, abs=1e-6)
+  log = files.read_text(f"{sweep_dir}/trial-0/sweep.log")
+  assert re.search(r"resuming from ckpt-[1-9]\d*, step [1-9]", log), log
+  assert log.count("finished at step 200") == 1
+  stored = _bucket_files(sweep_dir)
+  assert {"study.journal", "results.csv", "results.png"} <= set(stored)
+  assert not [name for name in stored if files.TEMPORARY_PREFIX in name]

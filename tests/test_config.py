@@ -21,6 +21,9 @@ def _config(**overrides):
     (dict(summary_interval=15),
      "`trainer.summary_interval` (15) must be a multiple of "
      "`trainer.steps_per_loop` (10)."),
+    (dict(validation_interval=25),
+     "`trainer.validation_interval` (25) must be a multiple of "
+     "`trainer.steps_per_loop` (10)."),
     (dict(validation_steps=0),
      "`trainer.validation_steps` (0) must be positive, or -1 for a full "
      "pass."),

@@ -8,6 +8,7 @@ import sys
 import textwrap
 import urllib.parse
 
+import pytest
 import tensorflow as tf
 
 import gcs_emulator as emulator
@@ -130,6 +131,8 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # A TensorFlow process (6 s); tests/test_cloud_storage.py
+# runs every child this way too.
 def test_child_process_inherits_the_emulator(gcs_emulator, gcs_bucket):
   with gfile.GFile(f"{gcs_bucket}/from-parent", "w") as f:
     f.write("parent")

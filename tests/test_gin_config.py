@@ -72,3 +72,15 @@ def test_a_gin_file_url_that_is_a_folder_is_named_so(tmp_path):
     gin_config.load_config([folder], [])
   assert str(raised.value) == (f"--gin_file: {folder} is a directory, not a "
                                "gin file.")
+
+
+@pytest.mark.parametrize("binding,line", [
+    ("trainr.train_steps=5", "--gin_param: No configurable matching 'trainr' "
+     "(did you mean 'trainer'?)"),
+    ("trainer.train_step=5", "--gin_param: Configurable 'trainer' doesn't "
+     "have a parameter named 'train_step' (did you mean 'train_steps'?)"),
+])
+def test_a_misspelled_binding_is_one_line_with_the_name_meant(binding, line):
+  with pytest.raises(errors.ConfigError) as raised:
+    gin_config.load_config(["gin/digits.gin"], [binding])
+  assert str(raised.value).startswith(line)

@@ -546,10 +546,12 @@ def test_a_sweep_varies_an_experiment_field_through_params_override():
      "is registered when its module is imported: add its `import` line to "
      "the gin file (`import official.common.registry_imports` registers all "
      "of Model Garden's)."),
-    ("model_garden_task.params_override='trainer.train_stepz=5'",
-     "train.py: error: `model_garden_task.params_override`: Model Garden "
-     "refuses it: KeyError: The key 'train_stepz' does not exist in <class "
-     "'official.core.config_definitions.TrainerConfig'>."),
+    pytest.param(  # A second train.py process (~5 s): with the slow tests.
+        "model_garden_task.params_override='trainer.train_stepz=5'",
+        "train.py: error: `model_garden_task.params_override`: Model Garden "
+        "refuses it: KeyError: The key 'train_stepz' does not exist in <class "
+        "'official.core.config_definitions.TrainerConfig'>.",
+        marks=pytest.mark.slow),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, binding, line):
   model_dir = tmp_path / "run"
@@ -560,6 +562,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, binding, line):
   assert not model_dir.exists()
 
 
+# A train.py process (~8 s) on the path of the bad-input test above.
+@pytest.mark.slow
 def test_a_gin_file_that_imports_no_experiment_says_to_import_it(tmp_path):
   # Nothing of Model Garden is imported before gin locks the configuration:
   # the adapter's own first import of it must still work (a user's trial

@@ -291,17 +291,21 @@ _WARM_START = ("train in a new --model_dir starting from the weights: "
      "that position, with `trainer.input_position = \"skip\"` (this input "
      "read anew, past the batches trained on; keep it for later resumes of "
      "this run) or `\"restart\"` (this input from its first batch)."),
-    (["--gin_file=gin/features/ema.gin"],
-     "`ema.decay` changed since step 20 (None -> 0.99): checkpoint "
-     "{dir}/ckpt-20 was saved without EMA, which wraps the optimizer, and "
-     "EMA cannot be turned on or off on a resume; set it back to None, or "
-     + _WARM_START),
-    (["--gin_param=runtime.mixed_precision_dtype='float16'"],
-     "`runtime.mixed_precision_dtype` changed since step 20 ('float32' -> "
-     "'float16'): checkpoint {dir}/ckpt-20 holds no dynamic loss scale, "
-     "which float16 keeps in the optimizer's state; set it back to "
-     "'float32', or keep float16 with a fixed scale, which has no state "
-     "(`runtime.loss_scale = 1024`), or " + _WARM_START),
+    # A train.py process each (~5 s): these two with the slow tests.
+    pytest.param(
+        ["--gin_file=gin/features/ema.gin"],
+        "`ema.decay` changed since step 20 (None -> 0.99): checkpoint "
+        "{dir}/ckpt-20 was saved without EMA, which wraps the optimizer, and "
+        "EMA cannot be turned on or off on a resume; set it back to None, or "
+        + _WARM_START, marks=pytest.mark.slow),
+    pytest.param(
+        ["--gin_param=runtime.mixed_precision_dtype='float16'"],
+        "`runtime.mixed_precision_dtype` changed since step 20 ('float32' -> "
+        "'float16'): checkpoint {dir}/ckpt-20 holds no dynamic loss scale, "
+        "which float16 keeps in the optimizer's state; set it back to "
+        "'float32', or keep float16 with a fixed scale, which has no state "
+        "(`runtime.loss_scale = 1024`), or " + _WARM_START,
+        marks=pytest.mark.slow),
 ])
 def test_a_change_of_input_ema_or_float16_is_named(trained, tmp_path, args,
                                                    line):
@@ -317,6 +321,8 @@ def test_a_change_of_input_ema_or_float16_is_named(trained, tmp_path, args,
   assert helpers.snapshot(model_dir) == snapshot  # Nothing written.
 
 
+# A train.py process (~5 s); its kind of refusal is tested above.
+@pytest.mark.slow
 def test_an_evaluation_with_ema_of_a_checkpoint_without_is_refused(trained):
   # It evaluated averages left at the initial weights: accuracy 0.0977.
   finished = helpers.run_cli([

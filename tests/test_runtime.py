@@ -9,6 +9,8 @@ from trainer import runtime
 @pytest.mark.parametrize("settings,message", [
     (dict(distribution_strategy="mirored"), "`runtime.distribution_strategy`"
      " ('mirored') must be one of"),
+    (dict(mixed_precision_dtype="float64"),
+     "`runtime.mixed_precision_dtype` ('float64') must be one of"),
     (dict(mixed_precision_dtype="mixed_float16"),
      "`runtime.mixed_precision_dtype` ('mixed_float16') must be one of"),
     (dict(loss_scale=0), "`runtime.loss_scale` (0) must be 'dynamic'"),

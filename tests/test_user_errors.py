@@ -314,7 +314,15 @@ def _train(task_dir, name, *args, env=None):
       timeout=120)
 
 
-@pytest.mark.parametrize("name", sorted(CLI_CASES))
+# Each case below is a train.py process (~5 s); the in-process tests above
+# check each kind of error. The default suite keeps one case of each test,
+# the slow stage runs them all.
+def _slow_but(names, kept):
+  return [name if name == kept else pytest.param(name, marks=pytest.mark.slow)
+          for name in sorted(names)]
+
+
+@pytest.mark.parametrize("name", _slow_but(CLI_CASES, "DtypeMismatch"))
 def test_train_py_reports_a_task_error_in_one_line(task_dir, name):
   place, marker, cause = CLI_CASES[name]
   result = _train(task_dir, name)
@@ -339,7 +347,7 @@ CONFIG_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CONFIG_CASES))
+@pytest.mark.parametrize("name", _slow_but(CONFIG_CASES, "ListInputs"))
 def test_train_py_reports_a_task_mistake_the_framework_names_as_usage(
     task_dir, name):
   result = _train(task_dir, name)
@@ -350,8 +358,8 @@ def test_train_py_reports_a_task_mistake_the_framework_names_as_usage(
 
 
 @pytest.mark.parametrize("name,args,env,shown", [
-    ("DtypeMismatch", [], {user_errors.FULL_TRACEBACK_ENV: "1"},
-     "in user code:"),
+    pytest.param("DtypeMismatch", [], {user_errors.FULL_TRACEBACK_ENV: "1"},
+                 "in user code:", marks=pytest.mark.slow),
     ("LabelOutOfRange", ["--full_traceback"], {},
      "Detected at node"),
 ])

@@ -258,8 +258,16 @@ MISTAKES = [
 ]
 
 
-@pytest.mark.parametrize("name,lines,code,message", MISTAKES,
-                         ids=[row[0] for row in MISTAKES])
+# Each case is a train.py process (~4 s): the default suite keeps one of
+# each kind (the input, the loss, the gin line), the slow stage the rest.
+_SLOW_MISTAKES = {"inputs batched to a fixed size",
+                  "fewer batches than a batch", "a class, not an instance"}
+
+
+@pytest.mark.parametrize(
+    "name,lines,code,message",
+    [pytest.param(*row, marks=pytest.mark.slow) if row[0] in _SLOW_MISTAKES
+     else row for row in MISTAKES], ids=[row[0] for row in MISTAKES])
 def test_mistakes_in_a_users_task_are_one_line(user_project, tmp_path, name,
                                                lines, code, message):
   del name  # The test id.
@@ -296,13 +304,20 @@ def test_a_module_that_cannot_be_found_names_where_it_was_looked_for(
   assert not (user_project / "run").exists()
 
 
-@pytest.mark.parametrize("source,line,cause", [
-    ("import os\nimport numpyy\n", 2,
-     "ModuleNotFoundError: No module named 'numpyy'"),
-    ("import gin\n\nSTEPS = undefined_name\n", 3,
-     "NameError: name 'undefined_name' is not defined"),
-], ids=["import_typo", "name_error"])
-@pytest.mark.parametrize("full", [False, True], ids=["line", "traceback"])
+_IMPORT_TYPO = ("import os\nimport numpyy\n", 2,
+                "ModuleNotFoundError: No module named 'numpyy'")
+_NAME_ERROR = ("import gin\n\nSTEPS = undefined_name\n", 3,
+               "NameError: name 'undefined_name' is not defined")
+
+
+# A train.py process each (~4 s): two of the four in the default suite.
+@pytest.mark.parametrize("source,line,cause,full", [
+    (*_IMPORT_TYPO, False),
+    pytest.param(*_IMPORT_TYPO, True, marks=pytest.mark.slow),
+    pytest.param(*_NAME_ERROR, False, marks=pytest.mark.slow),
+    (*_NAME_ERROR, True),
+], ids=["line-import_typo", "traceback-import_typo", "line-name_error",
+        "traceback-name_error"])
 def test_an_error_importing_the_users_module_names_its_type_and_line(
     tmp_path, source, line, cause, full):
   project = tmp_path / "project"
@@ -326,7 +341,8 @@ def test_an_error_importing_the_users_module_names_its_type_and_line(
 
 @pytest.mark.parametrize("source,line,cause", [
     ("import gin\nSTEPS = [1, 2\n", 2, "'[' was never closed"),
-    ("import gin\n  STEPS = 1\n", 2, "unexpected indent"),
+    pytest.param("import gin\n  STEPS = 1\n", 2, "unexpected indent",
+                 marks=pytest.mark.slow),  # A second train.py process.
 ], ids=["unclosed", "indent"])
 def test_a_syntax_error_in_the_users_module_is_pythons_not_gins(
     tmp_path, source, line, cause):
@@ -373,6 +389,9 @@ def test_labels_that_broadcast_against_the_outputs_are_one_line(tmp_path):
   assert not (project / "run").exists()
 
 
+# A train.py process (~6 s); tests/model/test_loss_scaling.py checks it
+# in-process.
+@pytest.mark.slow
 def test_a_loss_averaged_per_replica_is_one_line_at_the_first_step(
     tmp_path):
   # The documented Task with `tf.reduce_mean` for `compute_average_loss`,

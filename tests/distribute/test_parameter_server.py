@@ -178,6 +178,8 @@ def _chief_waiting_for_ps(tmp_path, wait_timeout):
       chief.close()
 
 
+@pytest.mark.slow  # 10 s; its sibling below keeps the wait in the default
+@pytest.mark.serial  # suite. It times `runtime.cluster_wait_timeout`.
 def test_a_chief_whose_ps_never_answers_says_so_and_gives_up(tmp_path):
   with _chief_waiting_for_ps(tmp_path, 6) as (chief, ps_port, unused_said):
     started = time.time()

@@ -190,29 +190,39 @@ def test_mistakes_with_several_models_are_one_line(tmp_path, bindings, task,
   assert not os.path.exists(tmp_path / "checkpoint")
 
 
+# The in-process test above checks each message; from the command line
+# (each case a train.py process, ~5 s) the default suite keeps two, the slow
+# stage runs the rest.
+_SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize("params, message", [
     (["discriminatr/optimizer.learning_rate = 0.1"],
      "gin binds settings under `discriminatr/` (`optimizer.*`, "
      "`learning_rate.*` or `trainer.*`), but no trained model is named "
      "'discriminatr'; the trained models are generator, discriminator, "
      "classifier."),
-    (["export.at_end = True", "export.model = 'critic'"],
-     "`export.model` ('critic') names no model of the Task; its models are "
-     "generator, discriminator, classifier."),
-    (["ema.decay = 0.999"],
-     "the Task builds several models (generator, discriminator, "
-     "classifier): set `ema.model` to the one it applies to."),
+    pytest.param(
+        ["export.at_end = True", "export.model = 'critic'"],
+        "`export.model` ('critic') names no model of the Task; its models are "
+        "generator, discriminator, classifier.", marks=_SLOW),
+    pytest.param(
+        ["ema.decay = 0.999"],
+        "the Task builds several models (generator, discriminator, "
+        "classifier): set `ema.model` to the one it applies to.", marks=_SLOW),
     # Export off: a bound name is checked all the same.
-    (["export.model = 'generatr'"],
-     "`export.model` ('generatr') names no model of the Task; its models "
-     "are generator, discriminator, classifier."),
+    pytest.param(
+        ["export.model = 'generatr'"],
+        "`export.model` ('generatr') names no model of the Task; its models "
+        "are generator, discriminator, classifier.", marks=_SLOW),
     # A model's own optimizer setting is named with its scope.
     (["generator/optimizer.name = 'adamm'"],
      "`generator/optimizer.name` ('adamm') must be one of: sgd, adam, "
      "adamw, lamb, lars, rmsprop, adagrad."),
-    (["generator/optimizer.learning_rate = -1.0"],
-     "`generator/optimizer.learning_rate` (-1.0) must be a positive "
-     "number."),
+    pytest.param(
+        ["generator/optimizer.learning_rate = -1.0"],
+        "`generator/optimizer.learning_rate` (-1.0) must be a positive "
+        "number.", marks=_SLOW),
 ])
 def test_mistakes_with_several_models_are_one_line_from_the_cli(
     tmp_path, params, message):

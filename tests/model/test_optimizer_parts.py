@@ -194,6 +194,8 @@ def test_assign_takes_names_without_the_device_suffix():
   assert [v.name for v in owned["o"]] == ["out/kernel:0"]
 
 
+# A whole train.py run (~10 s); the parts are tested in-process above.
+@pytest.mark.slow
 def test_the_shipped_parts_train_digits_from_the_command_line(tmp_path):
   # As a user runs it: from their own directory, a relative --model_dir.
   result = helpers.run_cli([

@@ -59,8 +59,10 @@ _DISPATCHER_GOES_DOWN = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize("mode, heartbeat_lines", [("loud", True),
-                                                    ("quiet", False)])
+@pytest.mark.parametrize("mode, heartbeat_lines", [
+    # A data service and a client process each (~10 s): the quiet default
+    # in the default suite, the loud one with the slow tests.
+    pytest.param("loud", True, marks=pytest.mark.slow), ("quiet", False)])
 def test_abseil_lines_follow_tf_cpp_min_log_level(mode, heartbeat_lines):
   env = dict(os.environ)
   env.pop("TF_CPP_MIN_LOG_LEVEL", None)

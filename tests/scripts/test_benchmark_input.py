@@ -89,6 +89,8 @@ def test_times_the_tf_data_service_beside_local_input():
               line.split()[0] == str(benchmark.pid)], listed
 
 
+# A script process (~5 s); its sibling below keeps the bad-flag path.
+@pytest.mark.slow
 def test_needs_a_gin_file():
   result = subprocess.run(
       [sys.executable, "scripts/benchmark_input.py"], cwd=helpers.REPO_ROOT,

@@ -215,18 +215,19 @@ CASES = {
     "batched": "Batched",
     "scalar_loss": "ScalarLoss",
     "flat_labels": "FlatLabels",
-    "own_metrics": "OwnMetrics",
-    "two_models": "TwoModels",
     "sets": "Sets",
 }
 # The tests of `batch_norm`, `dropout`, `batched` and `flat_labels` are slow
 # too: a check_task.py process each (6-9 s), whose kind of failure the
 # default run sees in `averaging` and `scalar_loss`.
-# Checked by slow tests (`slow_checks`): the shipped digits tasks, a second
-# several-model case, each as long as three of the above, a mixture and a
-# metric that fails on replicas (each has a sibling above: the default
-# suite stays within its bound).
+# Checked by slow tests (`slow_checks`): the shipped digits tasks, the
+# several-model cases, each as long as three of the above, a mixture, a
+# metric that fails on replicas and a Task's own validation step (each has
+# a sibling above or an in-process test, test_loss_scaling.py's several
+# models: the default suite stays within its bound).
 SLOW_CASES = {
+    "own_metrics": "OwnMetrics",
+    "two_models": "TwoModels",
     "digits": "gin/digits.gin",
     "pipeline": "gin/digits_pipeline.gin",
     "two_models_averaging": "TwoModelsAveraging",
@@ -490,8 +491,9 @@ def test_the_shipped_digits_task_passes(slow_checks):
   assert lines[-1].startswith("check_task | PASS: DigitsClassification")
 
 
-def test_validation_step_gets_the_eval_metrics_a_run_passes(checks):
-  code, lines, stderr = checks["own_metrics"].result()
+@pytest.mark.slow
+def test_validation_step_gets_the_eval_metrics_a_run_passes(slow_checks):
+  code, lines, stderr = slow_checks["own_metrics"].result()
   assert code == 0, stderr[-2000:]
   assert lines[2] == "PASS validation_step: per-example losses, shape [256]"
   assert lines[-1] == ("check_task | PASS: OwnMetrics trains the same on 1 "
@@ -512,8 +514,9 @@ def test_a_pipelined_task_is_checked_whole_and_says_so(slow_checks):
   assert lines[-1].startswith("check_task | PASS: DigitsPipelineMLP")
 
 
-def test_several_models_name_the_one_averaged_per_replica(checks):
-  code, lines, stderr = checks["two_models"].result()
+@pytest.mark.slow
+def test_several_models_name_the_one_averaged_per_replica(slow_checks):
+  code, lines, stderr = slow_checks["two_models"].result()
   assert code == 1, stderr[-2000:]
   assert line(lines, "PASS resume: ").endswith("max weight difference 0")
   failure = line(lines, "FAIL replicas: ")
