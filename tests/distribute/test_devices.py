@@ -30,6 +30,9 @@ def test_the_split_tensorflow_already_has_is_accepted():
      "runs."),
 ])
 def test_another_split_after_tensorflow_started_is_one_line(call, message):
+  # Started here if no earlier test of this process started it: before,
+  # the split would succeed and change the devices every later test gets.
+  assert len(tf.config.list_logical_devices("CPU")) == 2
   with pytest.raises(errors.ConfigError) as raised:
     call()
   assert str(raised.value) == message
