@@ -155,6 +155,9 @@ def test_cli_error_leaves_an_existing_model_dir_unchanged(tmp_path):
   assert helpers.snapshot(str(model_dir)) == before
 
 
+# A train.py run (~7 s); test_user_task.py runs a user's module outside
+# the repository from another directory in the default suite.
+@pytest.mark.slow
 def test_user_task_outside_the_repo_via_gin_import(tmp_path):
   (tmp_path / "my_task.py").write_text(textwrap.dedent('''
       import gin

@@ -372,6 +372,9 @@ def _run_with_mistake(tmp_path, correct, mistaken):
                                   cwd=str(project))
 
 
+# A train.py process (~6 s); tests/model/test_task.py checks it
+# in-process.
+@pytest.mark.slow
 def test_labels_that_broadcast_against_the_outputs_are_one_line(tmp_path):
   # The README's Task with labels of shape [batch] (`reduce_sum(x, 1)`)
   # against outputs [batch, 1]: `labels - outputs` is [batch, batch].

@@ -252,6 +252,9 @@ def _docs_block(first_line):
                        f"{first_line!r}")
 
 
+# A whole train.py run of the docs' task (~8 s); the several-model tests
+# above train the same kind of task in-process.
+@pytest.mark.slow
 def test_the_documented_two_optimizer_task_trains_as_written(tmp_path):
   # As a user copies it: the module and the gin file in their own folder,
   # train.py run from there with a relative model_dir.

@@ -146,6 +146,9 @@ def test_plot_panels_and_image_size(runs_dir, tmp_path):
   assert not os.path.exists(tmp_path / "empty.png")
 
 
+# A plot_metrics.py process (~7 s); test_cloud_storage runs the script
+# too, the functions it calls are tested in-process above.
+@pytest.mark.slow
 def test_script_writes_png(runs_dir, tmp_path):
   output = str(tmp_path / "metrics.png")
   result = run_script(str(runs_dir / "alpha"), str(runs_dir / "beta"),

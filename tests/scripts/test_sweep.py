@@ -73,6 +73,8 @@ def final_metric(model_dir, metric="accuracy"):
   return max(helpers.read_scalars(os.path.join(model_dir, "eval"))[metric])[1]
 
 
+# A Python process importing the framework (~6 s).
+@pytest.mark.slow
 def test_the_framework_does_not_import_optuna():
   # Optuna is an extra: train.py must run without it. Only the sweeps, the
   # top layer, import it (and nothing below them imports the sweeps).

@@ -46,6 +46,9 @@ def test_the_task_returns_two_sources_and_three_sets():
   assert not any(image.tobytes() in rows for image in held)
 
 
+# A --dry_run process (~8 s); test_cli's dry run keeps the path in the
+# default suite.
+@pytest.mark.slow
 def test_dry_run_names_the_sources_their_sizes_and_the_sets(tmp_path):
   result = helpers.run_cli([MIXTURE, "--dry_run",
                             f"--model_dir={tmp_path / 'mix'}"])

@@ -62,6 +62,9 @@ def test_label_smoothing():
                              [expected], rtol=1e-6)
 
 
+# A whole ResNet-50 recipe run (~13 s); test_cloud_storage runs it too,
+# on a bucket; the model and the preprocessing are tested in-process here.
+@pytest.mark.slow
 def test_cpu_smoke_config_trains_on_mock_data(tmp_path):
   task, runtime, config = gin_config.load_config([SMOKE], [])
   assert config.global_batch_size == 8 and task.image_size == 64
