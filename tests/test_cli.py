@@ -142,6 +142,9 @@ def test_cli_error_exits_2_with_one_line_and_creates_nothing(tmp_path):
   assert not model_dir.exists()
 
 
+# A train.py process (~5 s): each bad input above leaves a finished
+# model_dir unchanged in the default suite.
+@pytest.mark.slow
 def test_cli_error_leaves_an_existing_model_dir_unchanged(tmp_path):
   model_dir = tmp_path / "run"
   model_dir.mkdir()
@@ -435,13 +438,16 @@ BAD_INPUTS = [
 
 
 # Each case is a train.py process (~5 s): these, whose messages are checked
-# in-process too (tests/test_config.py, test_runtime.py, test_gin_config.py),
-# run with the slow tests; the default suite keeps one of each kind.
+# in-process too (tests/test_config.py, test_runtime.py, test_gin_config.py,
+# distribute/test_strategy.py, test_cluster.py), run with the slow tests;
+# the default suite keeps one of each kind.
 _SLOW_BAD_INPUTS = {
     "unknown configurable", "misspelled parameter", "unknown strategy",
     "unknown precision", "summary_interval vs steps_per_loop",
     "validation_interval vs steps_per_loop", "task_index out of range",
-    "malformed worker_hosts", "TF_CONFIG task outside its cluster"}
+    "malformed worker_hosts", "TF_CONFIG task outside its cluster",
+    "wrong type", "checkpoint_interval vs steps_per_loop",
+    "malformed TF_CONFIG"}
 
 
 @pytest.mark.parametrize(
@@ -624,6 +630,7 @@ def test_a_save_over_the_file_size_limit_is_not_reported_as_empty_input(
   assert "yields no batch" not in result.stderr
 
 
+@pytest.mark.slow  # A train.py fault drill (~8 s).
 def test_an_os_error_in_the_frameworks_own_writes_is_one_line(tmp_path):
   model_dir = tmp_path / "run"
   model_dir.mkdir()

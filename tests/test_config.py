@@ -21,6 +21,9 @@ def _config(**overrides):
     (dict(summary_interval=15),
      "`trainer.summary_interval` (15) must be a multiple of "
      "`trainer.steps_per_loop` (10)."),
+    (dict(checkpoint_interval=15),
+     "`trainer.checkpoint_interval` (15) must be a multiple of "
+     "`trainer.steps_per_loop` (10)."),
     (dict(validation_interval=25),
      "`trainer.validation_interval` (25) must be a multiple of "
      "`trainer.steps_per_loop` (10)."),

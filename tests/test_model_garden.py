@@ -539,13 +539,19 @@ def test_a_sweep_varies_an_experiment_field_through_params_override():
 # Bad input: one line, exit 2, nothing written.
 
 
+# A train.py process each (~8 s), with the slow tests: the unknown
+# experiment's lines are checked in-process below, and
+# test_model_gardens_own_flags_say_where_they_go keeps a Model Garden
+# train.py process that fails in the default suite.
 @pytest.mark.parametrize("binding,line", [
-    ('model_garden_task.experiment="mokc"',
-     "train.py: error: `model_garden_task.experiment`: no Model Garden "
-     "experiment 'mokc' is registered (did you mean 'mock'?). An experiment "
-     "is registered when its module is imported: add its `import` line to "
-     "the gin file (`import official.common.registry_imports` registers all "
-     "of Model Garden's)."),
+    pytest.param(
+        'model_garden_task.experiment="mokc"',
+        "train.py: error: `model_garden_task.experiment`: no Model Garden "
+        "experiment 'mokc' is registered (did you mean 'mock'?). An "
+        "experiment is registered when its module is imported: add its "
+        "`import` line to the gin file (`import "
+        "official.common.registry_imports` registers all of Model Garden's).",
+        marks=pytest.mark.slow),
     pytest.param(  # A second train.py process (~5 s): with the slow tests.
         "model_garden_task.params_override='trainer.train_stepz=5'",
         "train.py: error: `model_garden_task.params_override`: Model Garden "
@@ -562,7 +568,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, binding, line):
   assert not model_dir.exists()
 
 
-# A train.py process (~8 s) on the path of the bad-input test above.
+# A train.py process (~8 s); the lines it names are checked in-process
+# below (test_an_unregistered_experiment_names_the_import_it_needs).
 @pytest.mark.slow
 def test_a_gin_file_that_imports_no_experiment_says_to_import_it(tmp_path):
   # Nothing of Model Garden is imported before gin locks the configuration:

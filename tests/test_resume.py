@@ -153,6 +153,9 @@ def test_a_resume_takes_a_new_rate_and_batch_and_says_so(trained, tmp_path):
   assert helpers.checkpoint_step(model_dir) == 60
 
 
+# Two train.py runs (~8 s): the resume with a new batch size above keeps
+# the path in the default suite.
+@pytest.mark.slow
 def test_the_checkpoint_s_batch_size_decides_not_a_later_run_s_config(
     trained, tmp_path):
   # A run at batch 128 wrote its configuration after its first loop and was

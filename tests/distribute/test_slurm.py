@@ -401,14 +401,21 @@ def test_the_time_limit_warning_checkpoints_and_requeues(slurm_env, requeued,
     (1, [MWMS], (),
      r"'multi_worker_mirrored' in SLURM job \d+ step 0, which has one task "
      r"\(srun -n1\): there is no other worker\."),
-    (2, [MWMS, '--gin_param=runtime.worker_hosts="a:1,a:2,a:3"',
-         "--gin_param=runtime.task_index=0"], (),
-     r"`runtime.worker_hosts` names 3 worker\(s\), but SLURM job \d+ step 0 "
-     r"has 2 tasks \(srun -n2\): leave it unset under srun and the cluster "
-     r"comes from SLURM\."),
-    (2, [MWMS], ("env", "SLURM_STEP_NODELIST=vm[1-"),
-     r"SLURM_STEP_NODELIST \('vm\[1-'\) cannot be parsed: unbalanced "
-     r"brackets in 'vm\[1-'\."),
+    # Two srun tasks each (~9 s): with the slow tests, one at a time on the
+    # one local cluster; tests/distribute/test_cluster.py checks both
+    # messages in-process.
+    pytest.param(
+        2, [MWMS, '--gin_param=runtime.worker_hosts="a:1,a:2,a:3"',
+            "--gin_param=runtime.task_index=0"], (),
+        r"`runtime.worker_hosts` names 3 worker\(s\), but SLURM job \d+ step "
+        r"0 has 2 tasks \(srun -n2\): leave it unset under srun and the "
+        r"cluster comes from SLURM\.",
+        marks=[pytest.mark.slow, pytest.mark.serial]),
+    pytest.param(
+        2, [MWMS], ("env", "SLURM_STEP_NODELIST=vm[1-"),
+        r"SLURM_STEP_NODELIST \('vm\[1-'\) cannot be parsed: unbalanced "
+        r"brackets in 'vm\[1-'\.",
+        marks=[pytest.mark.slow, pytest.mark.serial]),
 ])
 def test_bad_input_under_srun_is_one_line_and_writes_nothing(
     slurm_env, tmp_path, tasks, args, prefix, message):

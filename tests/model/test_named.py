@@ -76,6 +76,9 @@ def _numbers(model_dir):
           if name.startswith(("model/", "optimizer/"))}
 
 
+# Two trainings on two replicas (~9 s): with the slow tests; the rollback
+# test below restores every model and optimizer in the default suite.
+@pytest.mark.slow
 def test_several_models_resume_exactly(tmp_path):
   _run(tmp_path / "straight", train_steps=20)
   _run(tmp_path / "resumed", train_steps=10)

@@ -209,7 +209,6 @@ MY_TASKS = textwrap.dedent('''\
 # Name -> a Task class of MY_TASKS, or a gin file of the repository.
 CASES = {
     "correct": "Regression",
-    "averaging": "Averaging",
     "batch_norm": "PlainBatchNorm",
     "dropout": "Dropout",
     "batched": "Batched",
@@ -219,13 +218,15 @@ CASES = {
 }
 # The tests of `batch_norm`, `dropout`, `batched` and `flat_labels` are slow
 # too: a check_task.py process each (6-9 s), whose kind of failure the
-# default run sees in `averaging` and `scalar_loss`.
+# default run sees in `scalar_loss` (test_loss_scaling.py checks per-replica
+# averaging in-process).
 # Checked by slow tests (`slow_checks`): the shipped digits tasks, the
 # several-model cases, each as long as three of the above, a mixture, a
 # metric that fails on replicas and a Task's own validation step (each has
 # a sibling above or an in-process test, test_loss_scaling.py's several
 # models: the default suite stays within its bound).
 SLOW_CASES = {
+    "averaging": "Averaging",
     "own_metrics": "OwnMetrics",
     "two_models": "TwoModels",
     "digits": "gin/digits.gin",
@@ -379,8 +380,9 @@ def test_a_metric_that_depends_on_the_split_fails_naming_it(slow_checks):
   assert lines[-1] == "check_task | FAIL: BatchMeanMetric"
 
 
-def test_per_replica_averaging_fails_naming_it(checks):
-  code, lines, _ = checks["averaging"].result()
+@pytest.mark.slow
+def test_per_replica_averaging_fails_naming_it(slow_checks):
+  code, lines, _ = slow_checks["averaging"].result()
   assert code == 1
   failure = line(lines, "FAIL replicas: ")
   figures = replica_figures(failure)

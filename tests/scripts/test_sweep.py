@@ -694,7 +694,7 @@ BAD_INPUTS = {
 # it starts ahead), so they run with the slow tests; the range and binding
 # messages are also checked in-process above (test_parse_dimension_errors,
 # test_a_bad_binding_is_blamed_on_its_own_flag).
-DEFAULT_BAD_INPUTS = ("names nothing", "launcher not found")
+DEFAULT_BAD_INPUTS = ("names nothing",)
 
 
 def _check_bad_inputs(tmp_path, names):
