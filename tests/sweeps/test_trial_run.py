@@ -87,6 +87,39 @@ def test_a_url_trials_log_is_copied_while_it_runs(url_sweep_dir, tmp_path,
       "train | finished at step 40")
 
 
+def test_a_copy_of_the_log_that_fails_is_one_warning_and_the_trial_goes_on(
+    url_sweep_dir, tmp_path, monkeypatch, capsys):
+  monkeypatch.setattr(trial_run, "LOG_COPY_SECONDS", 0.0)
+  script = tmp_path / "fake_train.py"
+  script.write_text("import time\ntime.sleep(0.5)\n" + FAKE_TRAIN)
+  model_dir = url_sweep_dir + "/trial-0"
+  files.write_json(model_dir + "/eval/evaluated.json",
+                   {"steps": [40], "results": {"40": {"accuracy": 0.9}}})
+  copy = files.copy
+  failures = []
+
+  def flaky_copy(source, target):
+    if not failures:  # The store out of reach once, as the trial runs.
+      failures.append(target)
+      raise RuntimeError("UnavailableError: the store is out of reach")
+    copy(source, target)
+
+  monkeypatch.setattr(trial_run.files, "copy", flaky_copy)
+  local = str(tmp_path / "cache" / trial_run.LOG)
+  process = trial_run.TrialProcess(
+      ["python", str(script)], model_dir, "accuracy", launcher=("env",),
+      log_path=local)
+  outcome = process.run(lambda step, value: False, threading.Event(),
+                        poll_seconds=0.05)
+  assert (outcome.state, outcome.value) == (trial_run.COMPLETE, 0.9)
+  assert failures == [model_dir + "/sweep.log"]
+  assert (f"warning | sweep | {model_dir}/sweep.log not copied "
+          f"(RuntimeError); the log is whole in {local}") in (
+              capsys.readouterr().out)
+  assert files.read_text(model_dir + "/sweep.log").splitlines()[-1] == (
+      "train | finished at step 40")
+
+
 def test_a_url_model_dir_needs_a_local_log(url_sweep_dir):
   for log_path in (None, url_sweep_dir + "/trial-0/sweep.log"):
     with pytest.raises(ValueError) as raised:

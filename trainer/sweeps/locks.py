@@ -214,7 +214,7 @@ def _wait_until_gone(owner: str, sweep_dir: str, heartbeat_seconds: float,
     return
   if found.get("host") == socket.gethostname() and not _running_here(found):
     console.info(f"sweep | {owner}: pid {found.get('pid')} of this host "
-                  "is gone: this process continues its sweep")
+                 "is gone: this process continues its sweep")
     return
   beat = found.get("beat", 0)
   age = time.time() - beat

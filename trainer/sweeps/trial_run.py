@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Set
 
+from trainer import console
 from trainer.actions import metrics_csv
 from trainer.storage import evaluated
 from trainer.storage import files
@@ -259,8 +260,14 @@ class TrialProcess:
     while not _exited(process, poll_seconds):
       if (log_path != self._log and
           time.monotonic() - copied >= LOG_COPY_SECONDS):
-        files.copy(log_path, self._log)
         copied = time.monotonic()
+        try:
+          files.copy(log_path, self._log)
+        except Exception as e:  # pylint: disable=broad-except
+          # The store out of reach a while (TensorFlow's errors, not
+          # OSError): the trial goes on, the next copy is whole.
+          console.warning(f"sweep | {self._log} not copied ({type(e).__name__}"
+                          f"); the log is whole in {log_path}")
       if stop.is_set():
         stopped = True
         if not self._signalled:  # Started as the sweep stopped.
