@@ -73,7 +73,7 @@ def test_a_url_sweep_writes_its_results_and_journal_there(sweep_flags,
   assert said[0] == (
       f"sweep | {sweep_dir}: journal kept at {journal.path(sweep_dir)} "
       "(Optuna's journal needs a local file system); copied to "
-      f"{sweep_dir}/study.journal after each trial")
+      f"{sweep_dir}/study.journal as each trial starts and ends")
   assert not files.is_url(journal.path(sweep_dir))
   assert f"sweep | results in {sweep_dir}/{report.CSV}" in said
   assert (f"sweep | accuracy against each binding in {sweep_dir}/"

@@ -1,5 +1,6 @@
 """trainer/sweeps/worker.py on a URL sweep directory: trials' model_dirs at
-the URL, their locks and logs local, the journal copied after each trial."""
+the URL, their locks and logs local, the journal copied as each trial
+starts and ends."""
 
 import json
 import os

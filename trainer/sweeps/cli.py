@@ -235,7 +235,8 @@ def _sweep(sweep_dir: str, ahead: Optional[warm.Ahead]) -> int:
     journal.save(sweep_dir)  # The study, before its first trial ends.
     console.info(f"sweep | {sweep_dir}: journal kept at "
                  f"{journal.path(sweep_dir)} (Optuna's journal needs a local "
-                 f"file system); copied to {copy} after each trial")
+                 f"file system); copied to {copy} as each trial starts and "
+                 "ends")
   done = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
   console.info(f"sweep | {sweep_dir}: {done} of {plan.total} trials done | "
                f"{sampler_kind(plan.space)} sampler, {FLAGS.pruner} pruner, "

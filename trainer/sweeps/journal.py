@@ -18,9 +18,9 @@ record after that every read fails with `JSONDecodeError`. So here:
 The journal needs a local file system (it appends, and takes file locks),
 so every path here is local: a URL sweep directory's journal (`gs://...`)
 is kept in a local folder (`warm.local_dir`) and copied whole to
-`<sweep_dir>/study.journal` after each trial (`save`); on a machine without
-the local copy, or with an older one, the URL's is brought back first
-(`restore`), so a sweep continues wherever it is rerun.
+`<sweep_dir>/study.journal` as each trial starts and ends (`save`); on a
+machine without the local copy, or with an older one, the URL's is brought
+back first (`restore`), so a sweep continues wherever it is rerun.
 """
 
 import contextlib

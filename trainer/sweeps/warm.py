@@ -184,8 +184,8 @@ def local_dir(sweep_dir: str) -> str:
   for a URL (`gs://...`), where Optuna's journal (appends and file locks)
   and a flock cannot live, a local one named after it, outside the working
   directory: `$XDG_CACHE_HOME/trainer/sweeps/<name>` (`~/.cache` by
-  default). `study.journal` there is copied to the URL after each trial
-  (`trainer.sweeps.journal`)."""
+  default). `study.journal` there is copied to the URL as each trial starts
+  and ends (`trainer.sweeps.journal`)."""
   if not files.is_url(sweep_dir):
     return sweep_dir
   url = sweep_dir.rstrip("/")
