@@ -31,6 +31,8 @@ _GIN = os.path.join(helpers.REPO_ROOT, "gin")
 _DIGITS = [
     f"--gin_file={_GIN}/digits.gin",
     f"--gin_file={_GIN}/features/best_checkpoint.gin",
+    # Patience 3 over three evaluations: it records, it does not stop.
+    f"--gin_file={_GIN}/features/early_stopping.gin",
     *(f"--gin_param=trainer.{name}={value}" for name, value in (
         ("train_steps", 60), ("steps_per_loop", 10),
         ("checkpoint_interval", 20), ("validation_interval", 20),
@@ -102,10 +104,14 @@ def test_a_digits_run_keeps_every_file_in_the_bucket_and_resumes_elsewhere(
   assert helpers.max_weight_difference(
       helpers.checkpoint_weights(model_dir),
       helpers.checkpoint_weights(reference)) == 0.0
-  # The records are the uninterrupted run's: best step and value, and one
-  # metrics row per step and split (none written twice by the resume).
+  # The records are the uninterrupted run's: best step and value, early
+  # stopping's evaluations, and one metrics row per step and split (none
+  # written twice by the resume).
   assert files.read_json(f"{model_dir}/best/best.json") == files.read_json(
       f"{reference}/best/best.json")
+  early = files.read_json(f"{model_dir}/early_stopping.json")
+  assert early == files.read_json(f"{reference}/early_stopping.json")
+  assert early is not None
   rows = _rows(files.read_text(f"{model_dir}/metrics.csv"))
   assert rows == _rows(files.read_text(f"{reference}/metrics.csv"))
   assert len(rows) == len(set(rows))
