@@ -61,6 +61,7 @@ from trainer import console
 from trainer import errors
 from trainer import state as state_lib
 from trainer.data import eval_sets
+from trainer.data import input_state
 from trainer.data import inputs as inputs_lib
 from trainer.distribute import pipeline
 from trainer.loop.runner import evaluator as evaluator_lib
@@ -364,6 +365,11 @@ def check(task: task_lib.Task, runtime: trainer.RuntimeConfig,
       prefix="check_task-") as directory:
     losses_one = one.train(half)
     saved = one.checkpoint(with_input).write(os.path.join(directory, "ckpt"))
+    state = input_state.checkpoint_bytes(saved)
+    if state is not None:
+      print(f"check_task | input state: {input_state.format_bytes(state)} "
+            "in the checkpoint (the training iterator's position and "
+            "buffers)", flush=True)
     losses_one += one.train(steps - half)
     losses_many = many.train(steps)
     resumed = build_run(task, single, config, runtime, weights=initial)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -501,6 +502,11 @@ def test_dry_run_checks_everything_and_touches_nothing(trained_dirs,
   assert (f"dry run | ok: one train step (from the checkpoint at step 100 in "
           f"{model_dir}) and one eval step ran") in result.stdout
   assert "steps_per_second" not in result.stdout  # Orbit's, not a result.
+  # Its one save says what the input costs in a checkpoint (the digits'
+  # whole-set shuffle buffer of 1437 examples, and prefetched batches).
+  assert re.search(r"^input state \| \d+ KB in \S+/dry_run-\w+/ckpt-101 "
+                   r"\(the training iterator's position and buffers\)$",
+                   result.stdout, re.MULTILINE), result.stdout[-3000:]
   assert helpers.snapshot(str(model_dir)) == before
 
   # The configured model must fit the checkpoint it would resume from.

@@ -28,6 +28,7 @@ from trainer import runtime as runtime_lib
 from trainer import state as state_lib
 from trainer.actions import keras_callbacks as keras_callbacks_lib
 from trainer.actions import metrics_csv
+from trainer.data import input_state
 from trainer.data import inputs as inputs_lib
 from trainer.data import service as data_service
 from trainer.distribute import cluster
@@ -445,10 +446,35 @@ def controller(built: Parts, write_dir: str, *,
       guard=train.guard, preemption=watcher if training else None,
       hooks=train.hooks,
       restored_fn=_after_restore(built) if training else None,
+      saved_fn=_input_state_report(built) if training else None,
       held_out_sets=config.held_out_sets)
   if csv is not None:  # Training goes on from the step restored.
     csv.restarted(found.step)
   return found
+
+
+def _input_state_report(built: Parts) -> Callable[[str], None]:
+  """What the controller calls after each save: after the first, says how
+  many bytes of input state the checkpoint holds, and warns naming the
+  pipeline's buffers where they are many (`input_state.report`)."""
+  reported = []
+
+  def saved(path: str) -> None:
+    if reported:
+      return
+    reported.append(path)
+    # Nothing is said where the checkpoint holds no iterator.
+    input_state.report(path, built.trainer.train_input.dataset,
+                       input_state.model_bytes(_weights(built.state.model)))
+
+  return saved
+
+
+def _weights(model) -> list:
+  """The variables of a model, or of several by name."""
+  if named.several(model):
+    return [v for part in model.values() for v in part.variables]
+  return list(model.variables)
 
 
 def _after_restore(built: Parts) -> Callable[[], None]:

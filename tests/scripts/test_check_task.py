@@ -329,6 +329,11 @@ def test_a_correct_task_passes_with_its_figures(checks):
   assert figures["difference"] < 1e-6 and figures["tolerance"] >= 1e-4
   assert line(lines, "PASS resume: 3 step(s), checkpoint, restore").endswith(
       "3 step(s) vs 6 steps: max weight difference 0")
+  # The bytes the resume check's checkpoint holds for the iterator.
+  assert re.fullmatch(
+      r"check_task \| input state: [\d.]+ (B|KB) in the checkpoint \(the "
+      r"training iterator's position and buffers\)",
+      line(lines, "check_task | input state: "))
   assert lines[-1] == ("check_task | PASS: Regression trains the same on 1 "
                        "and 2 replicas and resumes exactly")
 

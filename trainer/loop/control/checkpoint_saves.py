@@ -37,7 +37,8 @@ class CheckpointSaves:
 
   def __init__(self, guard: rollback.NonFiniteGuard,
                interval: Optional[int], restore_dir: Optional[str],
-               manager_fn: Callable[[], Optional[tf.train.CheckpointManager]]):
+               manager_fn: Callable[[], Optional[tf.train.CheckpointManager]],
+               saved_fn: Optional[Callable[[str], None]] = None):
     """Builds the bookkeeping.
 
     Args:
@@ -47,11 +48,13 @@ class CheckpointSaves:
       restore_dir: Where the checkpoints to restore are, if not in the
         manager's directory.
       manager_fn: Returns the checkpoint manager (None: no saves).
+      saved_fn: Called with each checkpoint's path once the loop saved it.
     """
     self._guard = guard
     self._interval = interval
     self._restore_dir = restore_dir
     self._manager_fn = manager_fn
+    self._saved_fn = saved_fn
     self.last_saved_step: Optional[int] = None
     self.newest_step: Optional[int] = None
     self.next_due: float = math.inf
@@ -135,6 +138,8 @@ class CheckpointSaves:
       self.newest_step = step
       self._set_next_due()
     console.info(f"saved checkpoint {path}")
+    if self._saved_fn is not None:
+      self._saved_fn(path)
     return True
 
   def save_while_waiting(self, in_loop_fn: Callable[[], bool],

@@ -123,6 +123,7 @@ class Controller(orbit.Controller):
       preemption: Optional[watcher_lib.Watcher] = None,
       hooks: Sequence[loop_hooks.LoopHook] = (),
       restored_fn: Optional[Callable[[], None]] = None,
+      saved_fn: Optional[Callable[[str], None]] = None,
       held_out_sets: Sequence[str] = ()):
     """Builds the controller; restores the newest checkpoint if there is one.
 
@@ -166,6 +167,8 @@ class Controller(orbit.Controller):
       restored_fn: Called after every restore of a checkpoint (the first,
         a rollback's), in the strategy scope: puts the configured optimizer
         hyperparameters over the checkpoint's.
+      saved_fn: Called with each checkpoint's path after the loop saved it
+        (the input state's report, after the first).
       held_out_sets: The named evaluation sets never judged
         (`trainer.held_out_sets`): their results are marked `(held out)` in
         the `eval |` line.
@@ -195,7 +198,7 @@ class Controller(orbit.Controller):
     self._step = None  # Python mirror of `global_step`, set at restore.
     self._saves = checkpoint_saves.CheckpointSaves(
         self._guard, options.checkpoint_interval, options.restore_dir,
-        lambda: self.checkpoint_manager)
+        lambda: self.checkpoint_manager, saved_fn)
     self._warned_past = False
     self._last_step: Optional[int] = None  # train_and_evaluate's.
     self._constructed = False

@@ -219,6 +219,11 @@ class TaskTrainer(orbit.StandardTrainer):
     return super().train(num_steps)
 
   @property
+  def train_input(self) -> inputs_lib.DistributedInput:
+    """The training input this trainer reads."""
+    return self._input
+
+  @property
   def checks_loss_scaling(self) -> bool:
     """Whether the first loop will check an overridden `train_step`'s loss
     scaling (a new run of such a Task on several replicas)."""
