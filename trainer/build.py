@@ -464,17 +464,11 @@ def _input_state_report(built: Parts) -> Callable[[str], None]:
       return
     reported.append(path)
     # Nothing is said where the checkpoint holds no iterator.
-    input_state.report(path, built.trainer.train_input.dataset,
-                       input_state.model_bytes(_weights(built.state.model)))
+    input_state.report(
+        path, built.trainer.train_input.dataset,
+        input_state.model_bytes(named.variables(built.state.model)))
 
   return saved
-
-
-def _weights(model) -> list:
-  """The variables of a model, or of several by name."""
-  if named.several(model):
-    return [v for part in model.values() for v in part.variables]
-  return list(model.variables)
 
 
 def _after_restore(built: Parts) -> Callable[[], None]:

@@ -114,26 +114,39 @@ def buffers(dataset: tf.data.Dataset) -> List[Buffer]:
     kind = _BUFFERS.get(node.op)
     if kind is None:
       continue
-    if kind == "a cache()" and _constant(nodes, node.input[1]) not in (
-        b"", None):
-      continue  # A cache in files holds nothing in the checkpoint.
     count = _constant(nodes, node.input[1])
+    if kind == "a cache()":
+      if count not in (b"", None):
+        continue  # A cache in files holds nothing in the checkpoint.
+      count = None  # The input's filename, not a count: unbounded.
     if not isinstance(count, (int, np.integer)) or count < 0:
-      count = None
-    shapes = [tf.TensorShape(shape) for shape in
-              node.attr["output_shapes"].list.shape]
-    dtypes = [tf.dtypes.as_dtype(dtype) for dtype in
-              node.attr["output_types"].list.type]
-    element = ", ".join(
-        f"{dtype.name}[{','.join('?' if d is None else str(d) for d in shape.as_list()) if shape.rank is not None else '...'}]"
-        for dtype, shape in zip(dtypes, shapes))
-    known = all(shape.is_fully_defined() and dtype != tf.string and
-                dtype != tf.variant for dtype, shape in zip(dtypes, shapes))
-    element_bytes = sum(shape.num_elements() * dtype.size for dtype, shape in
-                        zip(dtypes, shapes)) if known else None
-    found.append(Buffer(kind, None if count is None else int(count), element,
-                        element_bytes))
+      count = None  # Prefetch's AUTOTUNE (-1).
+    specs = list(zip(
+        (tf.dtypes.as_dtype(dtype)
+         for dtype in node.attr["output_types"].list.type),
+        (tf.TensorShape(shape)
+         for shape in node.attr["output_shapes"].list.shape)))
+    found.append(Buffer(kind, None if count is None else int(count),
+                        ", ".join(_spec_text(*spec) for spec in specs),
+                        _element_bytes(specs)))
   return found
+
+
+def _spec_text(dtype: tf.DType, shape: tf.TensorShape) -> str:
+  """`float32[32,32,3]`, `string[]`, `int64[?]` (`[...]`: rank unknown)."""
+  if shape.rank is None:
+    return f"{dtype.name}[...]"
+  dims = ",".join("?" if d is None else str(d) for d in shape.as_list())
+  return f"{dtype.name}[{dims}]"
+
+
+def _element_bytes(specs) -> Optional[int]:
+  """The bytes of an element of `(dtype, shape)` components; None where a
+  shape or a string's length is unknown."""
+  if not all(shape.is_fully_defined() and dtype not in (tf.string, tf.variant)
+             for dtype, shape in specs):
+    return None
+  return sum(shape.num_elements() * dtype.size for dtype, shape in specs)
 
 
 def _constant(nodes, name: str):
