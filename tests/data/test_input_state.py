@@ -135,6 +135,9 @@ def test_a_run_says_after_its_first_save_what_the_buffer_costs(
   assert lines[saved + 2].startswith(
       f"warning | the training input's state is {size} in every "
       "checkpoint, against 160 B of weights; it holds a shuffle buffer of "
-      "5000 elements (float32[16,16,3], int32[]; 3.0 KB each, 15 MB full)")
+      "5000 elements (float32[16,16,3], int32[]; 3.0 KB each, 15 MB full)"
+      # The framework's own prefetch of the worker's batches, after it.
+      ", a prefetch of automatic size (float32[32,16,16,3], int32[32]; "
+      "96 KB each)")
   # Said once, after the first save only.
   assert sum(line.startswith("input state | ") for line in lines) == 1

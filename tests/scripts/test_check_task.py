@@ -493,8 +493,9 @@ def test_the_shipped_digits_task_passes(slow_checks):
       assert any(pattern.search(line) for line in lines), (expected, lines)
   assert [text.split(":")[0] for text in lines[1:-1]] == [
       "PASS build_inputs", "PASS build_losses", "PASS input",
-      "PASS replicas", "PASS resume", "PASS eval"]
-  assert replica_figures(lines[4])["difference"] < 1e-6
+      "check_task | input state", "PASS replicas", "PASS resume",
+      "PASS eval"]
+  assert replica_figures(lines[5])["difference"] < 1e-6
   assert lines[-1].startswith("check_task | PASS: DigitsClassification")
 
 
@@ -516,8 +517,9 @@ def test_a_pipelined_task_is_checked_whole_and_says_so(slow_checks):
       "not cut at `pipeline.boundaries` (a pipeline cannot run on replicas)")
   assert [text.split(":")[0] for text in lines[2:-1]] == [
       "PASS build_inputs", "PASS build_losses", "PASS input",
-      "PASS replicas", "PASS resume", "PASS eval"]
-  assert replica_figures(lines[5])["difference"] < 1e-6
+      "check_task | input state", "PASS replicas", "PASS resume",
+      "PASS eval"]
+  assert replica_figures(lines[6])["difference"] < 1e-6
   assert lines[-1].startswith("check_task | PASS: DigitsPipelineMLP")
 
 

@@ -184,14 +184,14 @@ def report(prefix: str, dataset: tf.data.Dataset,
   console.info(f"input state | {format_bytes(state)} in {prefix} (the "
                "training iterator's position and buffers)")
   if state > LARGE_BYTES:
-    holders = [buffer for buffer in buffers(dataset)
-               if buffer.kind != "a prefetch" or buffer.count is not None]
+    holders = buffers(dataset)
     held = ("; it holds " + ", ".join(b.describe() for b in holders)
             if holders else "")
     console.warning(
         f"the training input's state is {format_bytes(state)} in every "
         f"checkpoint, against {format_bytes(weights_bytes)} of weights"
-        f"{held}: every save writes it again. A smaller shuffle buffer, or "
+        f"{held}: every save writes it again. A smaller shuffle buffer or "
+        "prefetch, or "
         "`trainer.input_position = \"skip\"` (no iterator saved; a resume "
         f"reads the trained batches again), keeps it small; see "
         f"{REMEDY_PAGE}.")
