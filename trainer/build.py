@@ -446,29 +446,30 @@ def controller(built: Parts, write_dir: str, *,
       guard=train.guard, preemption=watcher if training else None,
       hooks=train.hooks,
       restored_fn=_after_restore(built) if training else None,
-      saved_fn=_input_state_report(built) if training else None,
+      saved_fn=_InputStateReport(built) if training else None,
       held_out_sets=config.held_out_sets)
   if csv is not None:  # Training goes on from the step restored.
     csv.restarted(found.step)
   return found
 
 
-def _input_state_report(built: Parts) -> Callable[[str], None]:
-  """What the controller calls after each save: after the first, says how
-  many bytes of input state the checkpoint holds, and warns naming the
-  pipeline's buffers where they are many (`input_state.report`)."""
-  reported = []
+class _InputStateReport:
+  """What the controller calls after each save: after the run's first, says
+  how many bytes of input state the checkpoint holds and warns, naming the
+  pipeline's buffers, where they are many (`input_state.report`); nothing
+  where the checkpoint holds no iterator."""
 
-  def saved(path: str) -> None:
-    if reported:
+  def __init__(self, built: Parts):
+    self._built = built
+    self._done = False
+
+  def __call__(self, path: str) -> None:
+    if self._done:
       return
-    reported.append(path)
-    # Nothing is said where the checkpoint holds no iterator.
+    self._done = True
     input_state.report(
-        path, built.trainer.train_input.dataset,
-        input_state.model_bytes(named.variables(built.state.model)))
-
-  return saved
+        path, self._built.trainer.train_input.dataset,
+        input_state.model_bytes(named.variables(self._built.state.model)))
 
 
 def _after_restore(built: Parts) -> Callable[[], None]:
