@@ -184,7 +184,10 @@ def report(prefix: str, dataset: tf.data.Dataset,
   console.info(f"input state | {format_bytes(state)} in {prefix} (the "
                "training iterator's position and buffers)")
   if state > LARGE_BYTES:
-    holders = buffers(dataset)
+    try:
+      holders = buffers(dataset)
+    except (tf.errors.OpError, ValueError):
+      holders = []  # The warning then names no buffer; the run goes on.
     held = ("; it holds " + ", ".join(b.describe() for b in holders)
             if holders else "")
     console.warning(
