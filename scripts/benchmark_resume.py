@@ -47,6 +47,7 @@ import tensorflow as tf
 from tensorflow.python.data.experimental.ops import global_shuffle_op
 
 from trainer.data import input_state
+from trainer.report import usage
 
 flags.DEFINE_list("sizes", ["1000", "10000", "100000"],
                   "Shuffle sizes, in elements.")
@@ -121,4 +122,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  usage.exit_if_requested(sys.argv, __doc__)
   app.run(main)

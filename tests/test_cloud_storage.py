@@ -191,7 +191,9 @@ def test_two_trainers_on_one_bucket_path_the_earlier_stops_at_its_save(
   """No lock on an object store: the second run warns, naming the first;
   the first, whose lease object was replaced, stops at its next save."""
   model_dir = f"{gcs_bucket}/runs/twice"
-  args = [*_DIGITS, "--mode=train", "--gin_param=trainer.train_steps=2000",
+  # Far more steps than the first can train while the second starts (CI's
+  # two busy cores once let 2,000 finish first): it ends at a save only.
+  args = [*_DIGITS, "--mode=train", "--gin_param=trainer.train_steps=1000000",
           f"--model_dir={model_dir}"]
   cwd, env = _machine(tmp_path, "first")
   first = helpers.TrainProcess(args, env=env, cwd=cwd)
