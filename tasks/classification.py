@@ -103,6 +103,36 @@ class DatasetClassificationTask(ClassificationTask):
     return dataset.map(lambda features, label: (features,
                                                 tf.cast(label, tf.int32)))
 
+  def stream(self, training: bool,
+             input_context: Optional[tf.distribute.InputContext],
+             window: int, decode: bool = True) -> tf.data.Dataset:
+    """Returns this input pipeline's `(features, label)` examples streamed
+    from the record files with `trainer.data.streaming` (a split too large
+    for memory): training ones endlessly, each epoch's files in a stateless
+    order, shuffled within windows of `window` examples, so the iterator's
+    checkpoint holds positions, not examples; evaluation ones once, in
+    order.
+
+    Args:
+      training: The training split or the evaluation split.
+      input_context: Which of how many input pipelines this is.
+      window: Examples per shuffle window (training).
+      decode: As for `read`.
+    """
+    if self.tfrecords is not None:
+      dataset = self.tfrecords.stream(training, input_context,
+                                      seed=self.shuffle_seed, window=window)
+      if decode:
+        dataset = dataset.map(
+            lambda features, label: (self.decode(features), label),
+            num_parallel_calls=AUTOTUNE)
+      return dataset
+    return tfds_inputs.stream_shard(
+        self.tfds_name, self.train_split if training else self.eval_split,
+        data_dir=self.data_dir, input_context=input_context,
+        training=training, seed=self.shuffle_seed, window=window,
+        decode_images=decode)
+
   def build_inputs(self, training: bool,
                    input_context: Optional[tf.distribute.InputContext] = None
                    ) -> tf.data.Dataset:

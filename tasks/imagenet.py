@@ -26,9 +26,12 @@ from tasks import tfrecord_inputs
 class ImageNetResNet50(classification.ImageClassificationTask):
   """ResNet-50 classifying tfds `imagenet2012` (or ImageNet TFRecords).
 
-  The data streams from the record files (it does not fit in memory): read
-  with a parallel interleave, shuffled in a buffer of encoded images, decoded
-  and augmented in parallel.
+  The data streams from the record files (it does not fit in memory) through
+  `trainer.data.streaming`: each epoch's files in a new stateless order, read
+  in turn by an interleave, the encoded images shuffled
+  within windows, decoded and augmented in parallel with per-example
+  stateless seeds. The iterator's checkpoint holds positions and counters
+  (kilobytes), not images, so a preempted run resumes where it was.
   """
 
   tfds_name = "imagenet2012"
@@ -40,7 +43,7 @@ class ImageNetResNet50(classification.ImageClassificationTask):
                shuffle_seed: int = 0, image_size: int = 224,
                num_classes: int = 1000, label_smoothing: float = 0.1,
                weight_decay: float = 1e-4, use_sync_bn: bool = False,
-               shuffle_buffer: int = 10000):
+               shuffle_window: int = 10000):
     """Configures the task.
 
     Args:
@@ -54,7 +57,8 @@ class ImageNetResNet50(classification.ImageClassificationTask):
         `l2(weight_decay / 2)`, which gives the classic decay).
       use_sync_bn: Synchronise batch-norm statistics across replicas (the
         same update on any replica count; slower).
-      shuffle_buffer: Encoded images in the training shuffle buffer.
+      shuffle_window: Encoded images per training shuffle window (each
+        moves at most this many places; none is kept in a checkpoint).
     """
     super().__init__(data_dir=data_dir, tfrecords=tfrecords,
                      shuffle_seed=shuffle_seed)
@@ -63,7 +67,7 @@ class ImageNetResNet50(classification.ImageClassificationTask):
     self.label_smoothing = label_smoothing
     self.weight_decay = weight_decay
     self.use_sync_bn = use_sync_bn
-    self.shuffle_buffer = shuffle_buffer
+    self.shuffle_window = shuffle_window
 
   def build_model(self) -> tf_keras.Model:
     input_specs = tf_keras.layers.InputSpec(
@@ -79,10 +83,9 @@ class ImageNetResNet50(classification.ImageClassificationTask):
         input_specs=input_specs, kernel_regularizer=regularizer)
 
   def build_inputs(self, training, input_context=None) -> tf.data.Dataset:
-    examples = self.read(training, input_context, decode=False)
+    examples = self.stream(training, input_context, self.shuffle_window,
+                           decode=False)
     if training:
-      examples = examples.shuffle(self.shuffle_buffer, seed=self.shuffle_seed,
-                                  reshuffle_each_iteration=True)
       return image_inputs.augment_forever(
           examples, self.shuffle_seed,
           lambda encoded, label, seed: (image_inputs.normalize(

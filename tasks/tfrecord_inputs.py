@@ -12,7 +12,9 @@ tensorflow-datasets when it is bound:
 The pipeline follows the usual recipe for record files: files listed (in a
 seeded random order for training), sharded by file across input pipelines
 (by example when there are fewer files than pipelines), read with a parallel
-interleave, and parsed with a parallel map.
+interleave, and parsed with a parallel map. `stream` reads them through
+`trainer.data.streaming` instead: shuffled within windows, resumable from an
+iterator state of kilobytes.
 """
 
 import dataclasses
@@ -23,6 +25,7 @@ import gin
 import tensorflow as tf
 
 from trainer import errors
+from trainer.data import streaming
 from trainer.storage import files
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -109,12 +112,7 @@ class TFRecordSource:
     Raises:
       errors.ConfigError: If no file matches the pattern.
     """
-    pattern = self.train_files if training else self.eval_files
-    paths = files.glob(pattern)
-    if not paths:
-      raise errors.ConfigError(
-          f"`TFRecordSource.{'train' if training else 'eval'}_files`: no "
-          f"file matches {pattern!r}.")
+    paths = self._paths(training)
     shards = tf.data.Dataset.from_tensor_slices(sorted(paths))
     pipelines = input_context.num_input_pipelines if input_context else 1
     by_file = pipelines > 1 and len(paths) >= pipelines
@@ -129,14 +127,39 @@ class TFRecordSource:
         cycle_length=min(len(paths), 16), num_parallel_calls=AUTOTUNE)
     if pipelines > 1 and not by_file:
       records = records.shard(pipelines, input_context.input_pipeline_id)
-    features = parse_schema(self.schema)
+    return records.map(self._parse, num_parallel_calls=AUTOTUNE)
 
-    def parse(record):
-      example = tf.io.parse_single_example(record, features)
-      label = tf.cast(example[self.label_key], tf.int32) + self.label_offset
-      return example[self.features_key], label
+  def stream(self, training: bool,
+             input_context: Optional[tf.distribute.InputContext] = None,
+             seed: int = 0, window: int = 1024) -> tf.data.Dataset:
+    """Returns this input pipeline's `(features, label)` examples through
+    `trainer.data.streaming`: training ones endlessly, each epoch's files in
+    a new stateless order and examples shuffled within windows of `window`;
+    an iterator over them saves in kilobytes.
 
-    return records.map(parse, num_parallel_calls=AUTOTUNE)
+    Raises:
+      errors.ConfigError: If no file matches the pattern.
+    """
+    return streaming.stream_files(
+        self._paths(training),
+        lambda path: tf.data.TFRecordDataset(
+            path, compression_type=self.compression_type),
+        training=training, seed=seed, window=window,
+        input_context=input_context, parse=self._parse)
+
+  def _paths(self, training: bool):
+    pattern = self.train_files if training else self.eval_files
+    paths = files.glob(pattern)
+    if not paths:
+      raise errors.ConfigError(
+          f"`TFRecordSource.{'train' if training else 'eval'}_files`: no "
+          f"file matches {pattern!r}.")
+    return paths
+
+  def _parse(self, record):
+    example = tf.io.parse_single_example(record, parse_schema(self.schema))
+    label = tf.cast(example[self.label_key], tf.int32) + self.label_offset
+    return example[self.features_key], label
 
 
 def _first(features, dtype, name: str) -> str:
