@@ -178,6 +178,37 @@ def test_no_restorable_checkpoint_is_one_error_and_deletes_nothing(tmp_path):
   assert helpers.snapshot(model_dir) == before
 
 
+def test_lost_peers_are_named_and_no_older_checkpoint_is_blamed(
+    tmp_path, monkeypatch, capfd):
+  """What a worker whose chief is gone sees: TensorFlow's collectives
+  aborted. It is said once; older, sound checkpoints are not tried, and
+  nothing is set aside as damaged."""
+  model_dir = str(tmp_path)
+  _train(model_dir, 20)
+  tried = []
+
+  def peers_gone(checkpoint, path, *args):
+    del checkpoint, args
+    tried.append(os.path.basename(path))
+    raise tf.errors.UnavailableError(
+        None, None, "Collective ops is aborted by: Socket closed\n"
+        "Additional GRPC error information ...")
+
+  monkeypatch.setattr(checkpoints, "_restore_one", peers_gone)
+  before = helpers.snapshot(model_dir)
+  with pytest.raises(trainer.RunError) as raised:
+    _train(model_dir, 30)
+  message = str(raised.value)
+  assert "\n" not in message
+  assert re.match(
+      r"the other workers of this cluster are gone while restoring \S+/"
+      r"ckpt-20 \(UnavailableError: Collective ops is aborted by: Socket "
+      r"closed\): the checkpoint is not blamed", message), message
+  assert tried == ["ckpt-20"]
+  assert helpers.snapshot(model_dir) == before
+  assert "cannot restore" not in capfd.readouterr().out
+
+
 def test_interrupted_save_folders_are_removed(tmp_path):
   model_dir = str(tmp_path)
   _train(model_dir, 10)

@@ -414,6 +414,7 @@ def restore(manager: tf.train.CheckpointManager,
     except Exception as e:  # pylint: disable=broad-except
       _raise_if_another_models(manager.checkpoint, candidate, e)
       _raise_if_another_input(candidate, e)
+      _raise_if_peers_gone(candidate, e)
       first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
       console.info(f"checkpoint | cannot restore {candidate} "
                    f"({type(e).__name__}: {first_line[:200]})")
@@ -483,6 +484,37 @@ def _raise_if_another_input(path: str, error: Exception) -> None:
       "`trainer.input_position = \"skip\"` (this input read anew, past the "
       "batches trained on; keep it for later resumes of this run) or "
       "`\"restart\"` (this input from its first batch)") from error
+
+
+# What TensorFlow raises on a worker when another of the cluster's tasks is
+# gone (killed, or its run refused by the model_dir's lease): collectives
+# aborted, a peer's socket closed or unreachable.
+_PEERS_GONE = re.compile(
+    r"Collective ops is aborted|Socket closed|failed to connect to all "
+    r"addresses|Connection reset by peer|Deadline Exceeded")
+
+
+def _raise_if_peers_gone(path: str, error: Exception) -> None:
+  """Raises where `path` failed to restore because the cluster's other
+  tasks are gone, not because it is damaged: trying older checkpoints
+  would fail the same way and blame sound ones.
+
+  Raises:
+    errors.RunError: Naming the lost peers as the cause.
+  """
+  if not isinstance(error, (tf.errors.UnavailableError,
+                            tf.errors.AbortedError,
+                            tf.errors.DeadlineExceededError)):
+    return
+  if not _PEERS_GONE.search(str(error)):
+    return
+  first_line = (str(error).strip().splitlines() or [""])[0][:200]
+  raise errors.RunError(
+      f"the other workers of this cluster are gone while restoring {path} "
+      f"({type(error).__name__}: {first_line}): the checkpoint is not "
+      "blamed, and no older one is tried. Is the chief running? It stops "
+      "when another process still holds the model_dir's lease; restart "
+      "every task of the job together.") from error
 
 
 # The names under which a checkpoint holds an optimizer's wrappers: Model
