@@ -3,6 +3,9 @@ shuffled within windows, resumed exactly from kilobytes of iterator state
 (real TFRecord files, real checkpoints read back)."""
 
 import collections
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -165,3 +168,154 @@ def test_the_option_is_on_in_what_stream_files_returns(record_files):
   options = _stream(record_files).batch(4).options()
   assert options.experimental_symbolic_checkpoint is True
 
+
+
+def test_a_mixture_of_two_streamed_sources_restores_exactly_from_kilobytes(
+    record_files, tmp_path):
+  """tf.data's own sampling (`trainer.mixture`) over two file sources: the
+  sources' positions and the draw's counter are the whole state."""
+  from trainer.data import inputs  # pylint: disable=g-import-not-at-top
+  from trainer.data import mixture  # pylint: disable=g-import-not-at-top
+
+  def build():
+    return inputs.DistributedInput(
+        tf.distribute.get_strategy(),
+        lambda context: {"a": _stream(record_files[:4], window=300, seed=1),
+                         "b": _stream(record_files[4:], window=300, seed=2)},
+        32, training=True,
+        mixture=mixture.Mixture({"a": 0.75, "b": 0.25}, seed=0)).dataset
+
+  iterator = iter(build())
+  for _ in range(30):  # Past the first epoch of "a" (400 records).
+    next(iterator)
+  prefix = tf.train.Checkpoint(iterator=iterator).write(
+      str(tmp_path / "mixed"))
+  expected = [tf.nest.map_structure(lambda t: t.numpy(), next(iterator))
+              for _ in range(20)]
+  restored = iter(build())
+  tf.train.Checkpoint(iterator=restored).read(prefix).assert_consumed()
+  for want in expected:
+    got = tf.nest.map_structure(lambda t: t.numpy(), next(restored))
+    tf.nest.map_structure(np.testing.assert_array_equal, got, want)
+  ids = np.concatenate([batch[0][0] for batch in expected])
+  # Both sources drawn, about 3 to 1 (ids below 4000 are source "a"'s).
+  assert 0.6 < np.mean(ids < 4000) < 0.9
+  state = input_state.checkpoint_bytes(prefix)
+  assert 0 < state < 64 * 1024, state
+
+
+_STREAMED_TASK_MODULE = '''
+import gin
+import numpy as np
+import tensorflow as tf
+import tf_keras
+import trainer
+from trainer.data import streaming
+
+FEATURES = {"x": tf.io.FixedLenFeature([4], tf.float32),
+            "y": tf.io.FixedLenFeature([1], tf.float32)}
+
+
+def write(directory, name, files, per_file, shift, seed):
+  rng = np.random.RandomState(seed)
+  for index in range(files):
+    with tf.io.TFRecordWriter(f"{directory}/{name}-{index}.tfrecord") as out:
+      for _ in range(per_file):
+        x = rng.normal(size=4).astype(np.float32)
+        y = float(x @ np.array([1.0, -2.0, 0.5, 3.0]) + shift)
+        out.write(tf.train.Example(features=tf.train.Features(feature={
+            "x": tf.train.Feature(float_list=tf.train.FloatList(value=x)),
+            "y": tf.train.Feature(float_list=tf.train.FloatList(value=[y])),
+        })).SerializeToString())
+
+
+def parse(record):
+  example = tf.io.parse_single_example(record, FEATURES)
+  return example["x"], example["y"]
+
+
+@gin.configurable
+class StreamedMixture(trainer.Task):
+  """Regression on a mixture of two sets of record files, streamed."""
+
+  def __init__(self, data_dir=gin.REQUIRED):
+    self.data_dir = data_dir
+
+  def source(self, name, seed, training, input_context):
+    return streaming.stream_files(
+        tf.io.gfile.glob(f"{self.data_dir}/{name}-*.tfrecord"),
+        tf.data.TFRecordDataset, training=training, seed=seed, window=100,
+        input_context=input_context, parse=parse)
+
+  def build_inputs(self, training, input_context=None):
+    if not training:
+      return self.source("clean", 0, False, input_context)
+    return {"clean": self.source("clean", 0, True, input_context),
+            "shifted": self.source("shifted", 1, True, input_context)}
+
+  def build_model(self):
+    return tf_keras.Sequential([tf_keras.Input((4,)),
+                                tf_keras.layers.Dense(8, activation="tanh"),
+                                tf_keras.layers.Dense(1)])
+
+  def build_losses(self, labels, model_outputs, aux_losses=None):
+    return tf.reduce_mean(tf.square(labels - model_outputs), axis=-1)
+
+  def create_optimizer(self, settings):
+    del settings
+    return tf_keras.optimizers.SGD(0.05)
+'''
+
+_STREAMED_GIN = '''
+import streamed_task
+experiment.task = @StreamedMixture()
+trainer.mixture = {"clean": 0.7, "shifted": 0.3}
+trainer.global_batch_size = 32
+trainer.steps_per_loop = 10
+trainer.summary_interval = 10
+trainer.checkpoint_interval = 20
+runtime.deterministic = True
+'''
+
+
+@pytest.mark.slow  # Three train.py processes, ~60 s.
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_mixture_of_file_sources_killed_and_resumed_is_bit_identical(
+    tmp_path, seed):
+  import helpers  # pylint: disable=g-import-not-at-top
+  (tmp_path / "streamed_task.py").write_text(_STREAMED_TASK_MODULE)
+  (tmp_path / "streamed.gin").write_text(_STREAMED_GIN)
+  data_dir = tmp_path / "data"
+  data_dir.mkdir()
+  subprocess.run(
+      [sys.executable, "-c",
+       "import streamed_task as t, sys; d = sys.argv[1]; "
+       "t.write(d, 'clean', 3, 150, 0.0, 0); "
+       "t.write(d, 'shifted', 2, 60, 1.0, 1)", str(data_dir)],
+      cwd=str(tmp_path), check=True, timeout=120,
+      env=dict(os.environ, TF_USE_LEGACY_KERAS="1"))
+
+  def start(model_dir, steps):
+    return helpers.TrainProcess(
+        ["--gin_file=streamed.gin", "--mode=train", f"--model_dir={model_dir}",
+         f"--gin_param=StreamedMixture.data_dir='{data_dir}'",
+         f"--gin_param=trainer.train_steps={steps}"], cwd=str(tmp_path))
+
+  killed, straight = tmp_path / "killed", tmp_path / "straight"
+  saved = helpers.kill_after_first_save(start(killed, 100000), str(killed),
+                                        seed, spread=1.0)
+  state = input_state.checkpoint_bytes(tf.train.latest_checkpoint(
+      str(killed)))
+  assert state is not None and state < 64 * 1024, state
+  final = saved + 40
+  resumed = start(killed, final)
+  assert resumed.finish() == 0, resumed.stderr[-2000:]
+  assert f"restored checkpoint {killed}/ckpt-{saved}" in resumed.output
+  reference_run = start(straight, final)
+  assert reference_run.finish() == 0, reference_run.stderr[-2000:]
+  ours = helpers.checkpoint_numbers(str(killed))
+  reference = helpers.checkpoint_numbers(str(straight))
+  assert sorted(ours) == sorted(reference)
+  for name in reference:
+    if name != "save_counter/.ATTRIBUTES/VARIABLE_VALUE":
+      np.testing.assert_array_equal(ours[name], reference[name], err_msg=name)
