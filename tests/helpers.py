@@ -159,19 +159,33 @@ def checkpoint_numbers(path: str) -> Dict[str, np.ndarray]:
           if dtype.is_floating or dtype.is_integer}
 
 
+def assert_same_numbers(model_dir: str, reference_dir: str) -> None:
+  """Asserts that the newest checkpoints of two runs hold the same numbers,
+  bit for bit (weights, optimizer slots, counters), but for the count of
+  saves, which differs by design between a resumed and a straight run."""
+  ours = checkpoint_numbers(model_dir)
+  reference = checkpoint_numbers(reference_dir)
+  assert sorted(ours) == sorted(reference)
+  for name in reference:
+    if name != "save_counter/.ATTRIBUTES/VARIABLE_VALUE":
+      np.testing.assert_array_equal(ours[name], reference[name],
+                                    err_msg=name)
+
+
 def checkpoint_step(model_dir: str) -> int:
   reader = tf.train.load_checkpoint(model_dir)
   return int(reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE"))
 
 
 def kill_after_first_save(run: "TrainProcess", model_dir: str, seed: int,
-                          spread: float, first: int = 20) -> int:
+                          spread: float, first: int = 20,
+                          timeout: float = 120) -> int:
   """SIGKILLs `run` at a random moment (seeded) within `spread` seconds of
-  its checkpoint of step `first`; returns the step of the newest checkpoint
-  it left in `model_dir`, at least `first`."""
+  its checkpoint of step `first` (awaited `timeout` seconds); returns the
+  step of the newest checkpoint it left in `model_dir`, at least `first`."""
   import random  # pylint: disable=g-import-not-at-top
   try:
-    run.wait_for(rf"saved checkpoint .*ckpt-{first}$", timeout=120)
+    run.wait_for(rf"saved checkpoint .*ckpt-{first}$", timeout=timeout)
     time.sleep(random.Random(seed).uniform(0.0, spread))
     run.process.kill()
   finally:

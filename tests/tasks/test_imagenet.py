@@ -122,26 +122,21 @@ def test_sigkill_after_a_save_resumes_exactly_from_kilobytes(
   killed = tmp_path / "killed"
   saved = helpers.kill_after_first_save(
       helpers.TrainProcess(_smoke_args(one_file_of_1024, killed, 100000)),
-      str(killed), seed=0, spread=1.0, first=2)
+      str(killed), seed=0, spread=1.0, first=2,
+      timeout=300)  # ResNet-50's first steps trace for a minute on busy cores.
   prefix = tf.train.latest_checkpoint(str(killed))
   state = input_state.checkpoint_bytes(prefix)
   assert state is not None and state <= 64 * 1024, state
 
   final = saved + 3
   resumed = helpers.TrainProcess(_smoke_args(one_file_of_1024, killed, final))
-  assert resumed.finish() == 0, resumed.stderr[-2000:]
+  assert resumed.finish(timeout=300) == 0, resumed.stderr[-2000:]
   assert f"restored checkpoint {killed}/ckpt-{saved} at step {saved}" in (
       resumed.output)
   straight = helpers.TrainProcess(
       _smoke_args(one_file_of_1024, tmp_path / "straight", final))
-  assert straight.finish() == 0, straight.stderr[-2000:]
-  ours = helpers.checkpoint_numbers(str(killed))
-  reference = helpers.checkpoint_numbers(str(tmp_path / "straight"))
-  assert sorted(ours) == sorted(reference)
-  for name in reference:
-    if name != "save_counter/.ATTRIBUTES/VARIABLE_VALUE":
-      np.testing.assert_array_equal(ours[name], reference[name],
-                                    err_msg=name)
+  assert straight.finish(timeout=300) == 0, straight.stderr[-2000:]
+  helpers.assert_same_numbers(str(killed), str(tmp_path / "straight"))
 
 
 @pytest.mark.parametrize("path,params,expected", [
