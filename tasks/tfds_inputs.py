@@ -119,10 +119,7 @@ def load_shard(name: str, split: str, *, data_dir: Optional[str],
       shuffle_seed=shuffle_seed, interleave_cycle_length=16,
       num_parallel_calls_for_interleave_files=tf.data.AUTOTUNE)
   pipelines = input_context.num_input_pipelines if input_context else 1
-  try:
-    builder = tfds.builder(name, data_dir=data_dir)
-  except tfds.core.registered.DatasetNotFoundError as e:
-    raise errors.ConfigError(f"no tfds dataset named '{name}'.") from e
+  builder = _builder(name, data_dir)
   if pipelines > 1:
     if builder.info.splits[split].num_shards >= pipelines:
       read_config.input_context = input_context
@@ -138,8 +135,4 @@ def load_shard(name: str, split: str, *, data_dir: Optional[str],
   except AssertionError as e:  # tfds's way of saying the data is not there.
     if "could not find data" not in str(e):
       raise
-    raise errors.ConfigError(
-        f"tfds dataset '{name}' is not prepared in data_dir "
-        f"({data_dir or 'the tfds default'}): nothing is downloaded at "
-        f"training time; run `tfds build {name}` (with --data_dir) first."
-    ) from e
+    raise _not_prepared(name, data_dir) from e
