@@ -9,6 +9,8 @@ import tensorflow as tf
 from trainer import errors
 from trainer.loop.control import checkpoint_saves
 from trainer.loop.control import rollback
+from trainer.storage import files
+from trainer.storage import lease
 
 
 def _saves(tmp_path, interval=10, manager_interval=None, finite=True):
@@ -111,3 +113,38 @@ def test_a_save_while_waiting_is_said_in_words(tmp_path):
       rollback.NonFiniteGuard(), None, None, lambda: None)
   assert nothing_kept.save_while_waiting(lambda: True, lambda: 3) == (
       "no checkpoint is kept (steps to 3 are not saved)")
+
+
+def test_a_save_broken_by_a_newer_holder_names_it(tmp_path, monkeypatch):
+  """On an object store a second run may take the lease after the check and
+  remove this save's `_temp` folder as a killed save's: TensorFlow's rename
+  then fails with NotFound, and the error names the newer holder instead."""
+  directory = f"ram://{tmp_path.name}/run"
+  files.makedirs(directory)
+  files.mark_directory(directory)
+  first = lease.Lease(directory, [lease.TRAINER], "train", warn=print)
+  first.acquire()
+  saves = _saves(directory)
+  mine = dict(lease._OBJECT_LEASES[directory])  # pylint: disable=protected-access
+  manager = saves._manager_fn()  # pylint: disable=protected-access
+
+  def save_while_taken(**_):
+    lease.Lease(directory, [lease.TRAINER], "train", warn=print).acquire()
+    monkeypatch.setitem(lease._OBJECT_LEASES, directory, mine)  # pylint: disable=protected-access
+    raise tf.errors.NotFoundError(None, None, "404 when renaming ckpt-10_temp")
+
+  monkeypatch.setattr(manager, "save", save_while_taken)
+  with pytest.raises(errors.RunError) as raised:
+    saves.save_if_due(10)
+  assert str(raised.value).startswith(
+      f"model_dir {directory} was taken by pid {os.getpid()} on host ")
+  assert saves.last_saved_step == 0
+  # Not taken: TensorFlow's own error goes on unchanged.
+  monkeypatch.setitem(lease._OBJECT_LEASES, directory, {})  # pylint: disable=protected-access
+
+  def save_failing(**_):
+    raise tf.errors.NotFoundError(None, None, "404 when renaming ckpt-10_temp")
+
+  monkeypatch.setattr(manager, "save", save_failing)
+  with pytest.raises(tf.errors.NotFoundError):
+    saves.save_if_due(10)

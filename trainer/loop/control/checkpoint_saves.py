@@ -133,7 +133,14 @@ class CheckpointSaves:
     with self._lock:
       # The cadence is decided here: a manager with an interval of its own
       # would skip the save and return None.
-      path = manager.save(checkpoint_number=step, check_interval=False)
+      try:
+        path = manager.save(checkpoint_number=step, check_interval=False)
+      except tf.errors.OpError:
+        # A second run that took an object store's lease after the check
+        # above removes this save's `_temp` folder as a killed save's: the
+        # rename or the cleanup then finds nothing. Name the cause.
+        lease.verify(directory)
+        raise
       self.last_saved_step = step
       self.newest_step = step
       self._set_next_due()
