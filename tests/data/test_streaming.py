@@ -315,3 +315,18 @@ def test_a_mixture_of_file_sources_killed_and_resumed_is_bit_identical(
   reference_run = start(straight, final)
   assert reference_run.finish() == 0, reference_run.stderr[-2000:]
   helpers.assert_same_numbers(str(killed), str(straight))
+
+
+def test_resumable_refuses_an_op_tensorflow_cannot_save_symbolically():
+  with pytest.raises(errors.ConfigError) as raised:
+    streaming.resumable(tf.data.Dataset.range(8).cache().repeat())
+  assert str(raised.value) == (
+      "streaming.resumable: the pipeline holds cache() (CacheDatasetV2), "
+      f"which TensorFlow {tf.__version__} cannot checkpoint symbolically; "
+      "take it out, or leave out `resumable` (the iterator's buffers are "
+      "then saved).")
+  # Python state: no iterator is saved at all, nothing to refuse.
+  generated = tf.data.Dataset.from_generator(
+      lambda: iter([1, 2]), output_signature=tf.TensorSpec([], tf.int32))
+  assert streaming.resumable(generated).options(
+      ).experimental_symbolic_checkpoint is True

@@ -40,6 +40,63 @@ _BUFFERS = {
 }
 
 
+# Dataset ops whose iterators TensorFlow 2.20 saves symbolically (positions
+# only, with `tf.data.Options().experimental_symbolic_checkpoint`) and
+# restores to the same next elements, each tried and pinned by a test. Those
+# tried and refused raise UnimplementedError at the first save (`_REFUSED`),
+# and a parallel `interleave` restored from a symbolic state hangs in most
+# tries: any op not listed keeps it off (`symbolic_blocker`).
+SYMBOLIC_OPS = frozenset({
+    "AssertCardinalityDataset", "BatchDatasetV2", "ConcatenateDataset",
+    "DirectedInterleaveDataset", "FilterDataset", "FlatMapDataset",
+    "GlobalShuffleDataset", "InterleaveDataset", "MapDataset",
+    "OptionsDataset", "PaddedBatchDatasetV2", "ParallelBatchDataset",
+    "ParallelMapDatasetV2", "PrefetchDataset", "RandomDataset",
+    "RangeDataset", "RepeatDataset", "ScanDataset", "ShardDataset",
+    "ShuffleDatasetV3", "SkipDataset", "TakeDataset", "TakeWhileDataset",
+    "TensorDataset", "TensorSliceDataset", "TextLineDataset",
+    "TFRecordDataset", "UnbatchDataset", "ZipDataset",
+})
+
+# The ops that keep symbolic checkpoints off, as they are written in Python.
+_REFUSED = {
+    "CacheDatasetV2": "cache()",
+    "RebatchDatasetV2": "rebatch()",
+    "WindowDataset": "window()",
+    "IgnoreErrorsDataset": "ignore_errors()",
+    "UniqueDataset": "unique()",
+    "GroupByWindowDataset": "group_by_window()",
+    "FixedLengthRecordDatasetV2": "FixedLengthRecordDataset",
+    "ParallelInterleaveDatasetV4": "interleave(num_parallel_calls=...)",
+}
+
+
+def symbolic_blocker(dataset: tf.data.Dataset) -> Optional[str]:
+  """The first op of `dataset`'s pipeline, inner functions included, that
+  keeps a symbolic checkpoint of its iterator from working, in words
+  (`cache() (CacheDatasetV2)`); None where every op allows it.
+
+  Raises:
+    tf.errors.OpError: Where the graph cannot be serialised (Python state,
+      as `from_generator` holds: no iterator of it is saved at all).
+  """
+  graph = _graph(dataset, tf.data.experimental.ExternalStatePolicy.FAIL)
+  nodes = list(graph.node) + [node for function in graph.library.function
+                              for node in function.node_def]
+  for node in nodes:
+    if "Dataset" in node.op and node.op not in SYMBOLIC_OPS:
+      words = _REFUSED.get(node.op)
+      return f"{words} ({node.op})" if words else node.op
+  return None
+
+
+def _graph(dataset: tf.data.Dataset, policy) -> "tf.compat.v1.GraphDef":
+  """`dataset`'s pipeline as a GraphDef (tf.data has no public way)."""
+  serialized = dataset._as_serialized_graph(  # pylint: disable=protected-access
+      external_state_policy=policy)
+  return tf.compat.v1.GraphDef.FromString(serialized.numpy())
+
+
 def checkpoint_bytes(prefix: str) -> Optional[int]:
   """The bytes of input-pipeline state in the checkpoint at `prefix`; None
   if it holds no iterator.
@@ -105,9 +162,7 @@ class Buffer:
 def buffers(dataset: tf.data.Dataset) -> List[Buffer]:
   """The stages of `dataset`'s pipeline that hold elements (shuffles,
   memory caches, prefetches), from the source to the last stage."""
-  serialized = dataset._as_serialized_graph(  # pylint: disable=protected-access
-      external_state_policy=tf.data.experimental.ExternalStatePolicy.WARN)
-  graph = tf.compat.v1.GraphDef.FromString(serialized.numpy())
+  graph = _graph(dataset, tf.data.experimental.ExternalStatePolicy.WARN)
   nodes = {node.name: node for node in graph.node}
   found = []
   for node in graph.node:
@@ -193,9 +248,20 @@ def report(prefix: str, dataset: tf.data.Dataset,
     console.warning(
         f"the training input's state is {format_bytes(state)} in every "
         f"checkpoint, against {format_bytes(weights_bytes)} of weights"
-        f"{held}: every save writes it again. A smaller shuffle buffer or "
-        "prefetch, or "
-        "`trainer.input_position = \"skip\"` (no iterator saved; a resume "
-        f"reads the trained batches again), keeps it small; see "
-        f"{REMEDY_PAGE}.")
+        f"{held}: every save writes it again. Shuffling in windows or "
+        "globally with symbolic checkpointing (`trainer.data.streaming`: "
+        f"positions only{_symbolic_note(dataset)}), a smaller shuffle "
+        "buffer or prefetch, or `trainer.input_position = \"skip\"` (no "
+        "iterator saved; a resume reads the trained batches again) keeps it "
+        f"small; see {REMEDY_PAGE}.")
   return state
+
+
+def _symbolic_note(dataset: tf.data.Dataset) -> str:
+  """`; this pipeline's cache() (CacheDatasetV2) prevents it` where an op
+  keeps symbolic checkpointing off, else nothing."""
+  try:
+    blocker = symbolic_blocker(dataset)
+  except (tf.errors.OpError, ValueError):
+    return ""
+  return f"; this pipeline's {blocker} prevents it" if blocker else ""
