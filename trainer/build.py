@@ -14,6 +14,7 @@ objects:
 """
 
 import dataclasses
+import functools
 import os
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -55,6 +56,7 @@ from trainer.report import summaries
 from trainer.storage import checkpoints
 from trainer.storage import evaluated
 from trainer.storage import exports
+from trainer.storage import worker_inputs
 
 
 
@@ -107,8 +109,12 @@ class Parts:
     trainer: Orbit trainer, when training.
     evaluator: Orbit evaluator, when evaluating: a `SetsEvaluator` where
       the Task returns named evaluation sets.
-    resume_input_fn: Skips consumed input on resume where the iterator is
-      not in the checkpoint; None otherwise.
+    resume_input_fn: Puts the input where the run at the step it is given
+      left it, where the iterator is not in the checkpoint (each worker's
+      saved position, or a skip of the batches consumed); returns the
+      `input |` line saying how. None otherwise.
+    worker_positions: Whether each worker saves its input position beside
+      the chief's checkpoints (`trainer.storage.worker_inputs`).
     restarts_input: Whether a resumed run reads the training input from
       its start.
     features_spec: The eval input's features, for export signatures.
@@ -129,7 +135,8 @@ class Parts:
   trainer: Optional[runners.TaskTrainer] = None
   evaluator: Optional[Union[evaluator_lib.TaskEvaluator,
                             evaluator_lib.SetsEvaluator]] = None
-  resume_input_fn: Optional[Callable[[int], int]] = None
+  resume_input_fn: Optional[Callable[[int], str]] = None
+  worker_positions: bool = False
   restarts_input: bool = False
   features_spec: Any = None
   eval_set_names: Tuple[str, ...] = ()
@@ -268,8 +275,9 @@ def parts(task: task_lib.Task, mode: str, setup: Process,
     found.trainer = trainer(task, built_state, train_input, config, runtime)
     position = found.trainer.input_resumption(config.input_position,
                                               worker.num_workers)
-    if position == "skip":
-      found.resume_input_fn = found.trainer.skip_input
+    if position in ("skip", "workers"):
+      found.resume_input_fn = functools.partial(_skip_input, found.trainer)
+    found.worker_positions = position == "workers"
     found.restarts_input = position == "restart"
   if evaluating:
     found.evaluator = _evaluator(task, built_state, eval_inputs, config,
@@ -277,6 +285,38 @@ def parts(task: task_lib.Task, mode: str, setup: Process,
   found.checkpoint = tf.train.Checkpoint(**checkpoint_items(
       built_state, found.trainer, with_input=position == "checkpoint"))
   return found
+
+
+def _skip_input(task_trainer: runners.TaskTrainer, step: int) -> str:
+  """Skips the batches consumed up to `step`; returns the line saying so."""
+  skipped = task_trainer.skip_input(step)
+  return f"input | resuming: skips the {skipped} batch(es) trained on before"
+
+
+def _worker_positions(built: Parts, model_dir: str
+                      ) -> worker_inputs.WorkerInputs:
+  """Each worker's input positions beside the checkpoints in `model_dir`;
+  makes `built.resume_input_fn` restore this worker's, or skip where it
+  has none of the step."""
+  strategy = built.state.strategy
+  task_trainer = built.trainer
+
+  def barrier() -> None:
+    # One all-reduce: every worker has written its position of the step.
+    strategy.reduce(
+        tf.distribute.ReduceOp.SUM,
+        strategy.experimental_distribute_values_from_function(
+            lambda unused_context: tf.constant(1.0)), axis=None).numpy()
+
+  positions = worker_inputs.WorkerInputs(
+      model_dir, built.worker.num_workers, built.worker.worker_index,
+      lambda: task_trainer.train_iterator, barrier)
+
+  def resume(step: int) -> str:
+    return positions.restore(step) or _skip_input(task_trainer, step)
+
+  built.resume_input_fn = resume
+  return positions
 
 
 def _evaluator(task: task_lib.Task, built_state: state_lib.TrainState,
@@ -402,6 +442,8 @@ def controller(built: Parts, write_dir: str, *,
         evaluated_fn=(
             (lambda: evaluated.steps(write_dir))
             if training and config.keep_until_evaluated else None))
+  positions = (_worker_positions(built, restore_dir or write_dir)
+               if training and built.worker_positions else None)
   found = None
 
   def restored_path() -> Optional[str]:
@@ -447,6 +489,8 @@ def controller(built: Parts, write_dir: str, *,
       hooks=train.hooks,
       restored_fn=_after_restore(built) if training else None,
       saved_fn=_InputStateReport(built) if training else None,
+      saving_fn=(_PositionSaves(built, positions) if positions is not None
+                 else None),
       held_out_sets=config.held_out_sets)
   if csv is not None:  # Training goes on from the step restored.
     csv.restarted(found.step)
@@ -470,6 +514,25 @@ class _InputStateReport:
     input_state.report(
         path, self._built.trainer.train_input.dataset,
         input_state.model_bytes(named.variables(self._built.state.model)))
+
+
+class _PositionSaves:
+  """What the controller calls before each save with several workers:
+  writes this worker's input position of the step; after the first, says
+  how many bytes it holds (`input_state.report`)."""
+
+  def __init__(self, built: Parts, positions: worker_inputs.WorkerInputs):
+    self._built = built
+    self._positions = positions
+    self._done = False
+
+  def __call__(self, step: int) -> None:
+    prefix = self._positions.save(step)
+    if not self._done:
+      self._done = True
+      input_state.report(
+          prefix, self._built.trainer.train_input.dataset,
+          input_state.model_bytes(named.variables(self._built.state.model)))
 
 
 def _after_restore(built: Parts) -> Callable[[], None]:

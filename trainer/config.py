@@ -73,12 +73,12 @@ class TrainerConfig:
       `early_stopping.metric` and a sweep's `--metric` may not name their
       results.
     input_position: How a restarted run finds its place in the training
-      input. "checkpoint": the iterator is in the checkpoint (exact; where it
-      cannot be saved, or with several workers, "skip" instead); "skip":
-      the batches trained on are read again and thrown away (exact; the cost
-      grows with the step); "restart": the input starts over (not exact;
-      for streams whose shuffle and prefetch buffers would make every
-      checkpoint gigabytes, such as ImageNet's). A run resumed with another
+      input. "checkpoint": the iterator is in the checkpoint (exact; with
+      several workers each saves its own beside it, in `input/` of
+      model_dir; where it cannot be saved, "skip" instead); "skip": the
+      batches trained on are read again and thrown away (exact; the cost
+      grows with the step); "restart": the input starts over (not exact).
+      A run resumed with another
       `global_batch_size` skips the examples trained on before in batches
       of the new size ("checkpoint" and "skip"; the checkpointed iterator
       gives batches of the old size), and says so in an `input |` line.

@@ -225,11 +225,9 @@ def _resume(parts: build.Parts, step: int,
   if rebased:
     console.info(rebased)
   elif parts.resume_input_fn is not None:
-    # The chief's checkpoint cannot hold every worker's iterator (and some
-    # pipelines cannot be saved at all): skip what was consumed instead.
-    skipped = parts.resume_input_fn(step)
-    console.info(f"input | resuming: skips the {skipped} batch(es) trained "
-                 "on before")
+    # Several workers' positions are saved beside the checkpoint (some
+    # pipelines cannot be saved at all: what was consumed is skipped).
+    console.info(parts.resume_input_fn(step))
   elif parts.restarts_input:
     console.info("input | resuming: the training input starts again from "
                  "its first batch (its position is not in the checkpoint)")

@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 import helpers
+from trainer.storage import worker_inputs
 
 TIMEOUT = 240
 
@@ -72,7 +73,13 @@ def test_two_workers_train_digits_in_sync(tmp_path):
   # One checkpoint series and one set of event files, all the chief's.
   assert sorted(os.listdir(model_dir)) == [
       "checkpoint", "ckpt-300.data-00000-of-00001", "ckpt-300.index", "eval",
-      "metrics.csv", "operative_config.gin", "train"]
+      "input", "metrics.csv", "operative_config.gin", "train"]
+  # Beside it, each worker's own input position of that step.
+  for index in range(2):
+    assert os.listdir(model_dir / "input" / "workers-2" / f"worker-{index}"
+                      ) and worker_inputs.saved_steps(str(
+                          model_dir / "input" / "workers-2" /
+                          f"worker-{index}")) == [300]
   # metrics.csv is the chief's alone: one row a summary, none twice.
   rows = (model_dir / "metrics.csv").read_text().splitlines()[1:]
   step_and_split = [(row.split(",")[0], row.split(",")[2]) for row in rows]
@@ -157,15 +164,18 @@ def test_killed_worker_stops_the_other_and_both_resume(tmp_path):
   outputs = helpers.finish(_start_workers(
       model_dir, f"--gin_param=trainer.train_steps={saved + 200}",
       "--gin_param=runtime.seed=0", "--mode=train"))
-  for returncode, stdout, stderr in outputs:
+  for index, (returncode, stdout, stderr) in enumerate(outputs):
     assert returncode == 0, stderr[-3000:]
     assert f"at step {saved}" in stdout  # Restored the chief's checkpoint.
-    assert f"skips the {saved} batch(es) trained on before" in stdout
+    # Each worker's own position of that step: no batch read again.
+    assert (f"input | resuming: worker {index} continues from its position "
+            f"of step {saved} ") in stdout
+    assert "skips the" not in stdout
   assert _fingerprint(outputs[0][1]) == _fingerprint(outputs[1][1])
   assert helpers.checkpoint_step(str(model_dir)) == saved + 200
 
-  # Each worker skipped the batches of its shard it had consumed, so the
-  # resumed run ends bit-identical to one that was never interrupted.
+  # Each worker continued its shard where it was, so the resumed run ends
+  # bit-identical to one that was never interrupted.
   straight = helpers.finish(_start_workers(
       tmp_path / "straight", f"--gin_param=trainer.train_steps={saved + 200}",
       "--gin_param=runtime.seed=0", "--mode=train"))

@@ -360,6 +360,11 @@ def test_a_requeued_job_resumes_where_it_stopped(requeued):
   assert 0 < step < LONG_STEPS
   assert f"restored checkpoint {model_dir}/ckpt-{step} at step {step}" in text
   assert f"job {job} run 2 on " in text
+  # Each task continues from its own input position of that step.
+  for index in range(2):
+    assert (f"input | resuming: worker {index} continues from its position "
+            f"of step {step} ") in text, text[-3000:]
+  assert "skips the" not in text
   # Both tasks end with the same weights.
   fingerprints = _fingerprints(text)
   assert len(fingerprints) == 2 and len(set(fingerprints)) == 1, text[-3000:]

@@ -26,7 +26,8 @@ class _Input:
 
 @pytest.mark.parametrize("setting, remote, checkpointable, workers, way", [
     ("checkpoint", False, True, 1, "checkpoint"),
-    ("checkpoint", False, True, 2, "skip"),
+    ("checkpoint", False, True, 2, "workers"),
+    ("checkpoint", False, False, 2, "skip"),
     ("checkpoint", False, False, 1, "skip"),
     ("checkpoint", True, True, 1, "restart"),
     ("skip", False, True, 1, "skip"),

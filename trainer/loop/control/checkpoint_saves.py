@@ -38,7 +38,8 @@ class CheckpointSaves:
   def __init__(self, guard: rollback.NonFiniteGuard,
                interval: Optional[int], restore_dir: Optional[str],
                manager_fn: Callable[[], Optional[tf.train.CheckpointManager]],
-               saved_fn: Optional[Callable[[str], None]] = None):
+               saved_fn: Optional[Callable[[str], None]] = None,
+               saving_fn: Optional[Callable[[int], None]] = None):
     """Builds the bookkeeping.
 
     Args:
@@ -49,12 +50,15 @@ class CheckpointSaves:
         manager's directory.
       manager_fn: Returns the checkpoint manager (None: no saves).
       saved_fn: Called with each checkpoint's path once the loop saved it.
+      saving_fn: Called with the step before the loop saves it (not before
+        a save while the loop waits for input, from another thread).
     """
     self._guard = guard
     self._interval = interval
     self._restore_dir = restore_dir
     self._manager_fn = manager_fn
     self._saved_fn = saved_fn
+    self._saving_fn = saving_fn
     self.last_saved_step: Optional[int] = None
     self.newest_step: Optional[int] = None
     self.next_due: float = math.inf
@@ -130,6 +134,8 @@ class CheckpointSaves:
     # On an object store, where no lock keeps a second run out.
     lease.verify(directory)
     self._guard.check_saveable(step, self.last_saved_step)
+    if self._saving_fn is not None:
+      self._saving_fn(step)
     with self._lock:
       # The cadence is decided here: a manager with an interval of its own
       # would skip the save and return None.

@@ -124,6 +124,7 @@ class Controller(orbit.Controller):
       hooks: Sequence[loop_hooks.LoopHook] = (),
       restored_fn: Optional[Callable[[], None]] = None,
       saved_fn: Optional[Callable[[str], None]] = None,
+      saving_fn: Optional[Callable[[int], None]] = None,
       held_out_sets: Sequence[str] = ()):
     """Builds the controller; restores the newest checkpoint if there is one.
 
@@ -169,6 +170,8 @@ class Controller(orbit.Controller):
         hyperparameters over the checkpoint's.
       saved_fn: Called with each checkpoint's path after the loop saved it
         (the input state's report, after the first).
+      saving_fn: Called with the step before the loop saves it, on every
+        worker (each worker's input position, `worker_inputs`).
       held_out_sets: The named evaluation sets never judged
         (`trainer.held_out_sets`): their results are marked `(held out)` in
         the `eval |` line.
@@ -198,7 +201,7 @@ class Controller(orbit.Controller):
     self._step = None  # Python mirror of `global_step`, set at restore.
     self._saves = checkpoint_saves.CheckpointSaves(
         self._guard, options.checkpoint_interval, options.restore_dir,
-        lambda: self.checkpoint_manager, saved_fn)
+        lambda: self.checkpoint_manager, saved_fn, saving_fn)
     self._warned_past = False
     self._last_step: Optional[int] = None  # train_and_evaluate's.
     self._constructed = False

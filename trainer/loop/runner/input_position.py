@@ -57,8 +57,10 @@ class InputPosition:
         checkpoint cannot hold every worker's iterator.
 
     Returns:
-      "checkpoint" (checkpoint the training iterator), "skip" (call `skip`
-      with the restored step) or "restart".
+      "checkpoint" (checkpoint the training iterator), "workers" (each
+      worker saves its iterator beside the checkpoint,
+      `trainer.storage.worker_inputs`), "skip" (call `skip` with the
+      restored step) or "restart".
     """
     if input_position != "checkpoint":
       return input_position
@@ -66,8 +68,8 @@ class InputPosition:
       # The service's batches come in no reproducible order: skipping would
       # read and drop as many through it without finding the saved place.
       return "restart"
-    if num_workers == 1 and self._input.checkpointable():
-      return "checkpoint"
+    if self._input.checkpointable():
+      return "checkpoint" if num_workers == 1 else "workers"
     # Some pipelines cannot be saved at all: skip what was consumed instead.
     return "skip"
 

@@ -251,9 +251,10 @@ class TaskTrainer(orbit.StandardTrainer):
     self._first_step.check()
 
   def input_resumption(self, input_position: str, num_workers: int) -> str:
-    """Returns "checkpoint" (checkpoint `train_iterator`), "skip" (call
-    `skip_input` with the restored step) or "restart": how a restarted run
-    finds its place in the input (`input_position.InputPosition`)."""
+    """Returns "checkpoint" (checkpoint `train_iterator`), "workers" (each
+    worker saves its own beside the checkpoint), "skip" (call `skip_input`
+    with the restored step) or "restart": how a restarted run finds its
+    place in the input (`input_position.InputPosition`)."""
     return self._position.resumption(input_position, num_workers)
 
   def skip_input(self, num_batches: int) -> int:
