@@ -205,3 +205,39 @@ def test_sigterm_to_one_worker_stops_both_at_the_same_step(tmp_path):
     steps.append(int(re.search(r"preempted at step (\d+):", last).group(1)))
   assert steps[0] == steps[1]  # They agreed on the step.
   assert helpers.checkpoint_step(str(model_dir)) == steps[0]
+
+
+# Not `serial`: nothing is timed against a grace period; every process has
+# its own timeout.
+@pytest.mark.slow
+def test_a_worker_whose_chief_is_refused_says_so_and_blames_no_checkpoint(
+    tmp_path):
+  """The chief of a rerun is refused (a stale trainer still holds the
+  model_dir's lease): the other worker, restoring, names the lost peers in
+  one line instead of trying every older checkpoint."""
+  model_dir = tmp_path / "run"
+  first = helpers.finish(_start_workers(
+      model_dir, "--gin_param=trainer.train_steps=200",
+      "--gin_param=trainer.checkpoint_interval=100", "--mode=train"))
+  assert all(returncode == 0 for returncode, _, _ in first), first[0][2][-3000:]
+  stale = helpers.TrainProcess(
+      ["--gin_file=gin/digits.gin", f"--model_dir={model_dir}",
+       "--gin_param=trainer.train_steps=1000000", "--mode=train"])
+  try:
+    stale.wait_for(r"^restored checkpoint ")
+    os.kill(stale.process.pid, signal.SIGSTOP)  # Holds the lease, silent.
+    (chief_code, _, chief_err), (code, _, stderr) = helpers.finish(
+        _start_workers(model_dir, "--gin_param=trainer.train_steps=400",
+                       "--mode=train"), timeout=180)
+  finally:
+    if stale.process.poll() is None:
+      os.kill(stale.process.pid, signal.SIGCONT)
+    stale.close()
+  assert chief_code == 2, chief_err[-3000:]
+  assert "is in use by" in chief_err.strip().splitlines()[-1], chief_err
+  assert code == 1, stderr[-3000:]
+  last = stderr.strip().splitlines()[-1]
+  assert last.startswith(
+      "train.py: error: the other workers of this cluster are gone while "
+      f"restoring {model_dir}/ckpt-200 ("), stderr[-3000:]
+  assert "no checkpoint in" not in stderr and "ckpt-100" not in last
