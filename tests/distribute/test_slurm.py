@@ -10,6 +10,7 @@ tests are skipped with the reason; `.ci/run` installs SLURM where it can.
 """
 
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -368,6 +369,48 @@ def test_a_requeued_job_resumes_where_it_stopped(requeued):
   # Both tasks end with the same weights.
   fingerprints = _fingerprints(text)
   assert len(fingerprints) == 2 and len(set(fingerprints)) == 1, text[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.serial  # The one local cluster.
+def test_a_job_killed_with_sigkill_resumes_from_each_tasks_position(
+    slurm_env, tmp_path):
+  """`scancel --signal=KILL` at a moment after a save: the job run again
+  restores each task's own input position (no batch read again) and ends
+  with the weights of a job never killed, bit for bit."""
+  args = [*DIGITS, "--gin_param=trainer.train_steps=1500",
+          "--gin_param=trainer.checkpoint_interval=100"]
+  model_dir = tmp_path / "run"
+  job = _sbatch(slurm_env, tmp_path / "killed.out", *args,
+                f"--model_dir={model_dir}")
+  deadline = time.time() + 240
+  while not (model_dir / "ckpt-200.index").exists():
+    assert time.time() < deadline and _job(slurm_env, job), (
+        _final_state(slurm_env, job))
+    time.sleep(0.2)
+  time.sleep(random.uniform(0, 1.5))  # Anywhere in the next loops.
+  subprocess.run(["scancel", "--signal=KILL", "--full", job], env=slurm_env,
+                 check=True, timeout=30)
+  _release_until_done(slurm_env, job, timeout=120)
+  saved = helpers.checkpoint_step(str(model_dir))
+  assert 200 <= saved < 1500, _final_state(slurm_env, job)
+
+  again = tmp_path / "again.out"
+  job = _sbatch(slurm_env, again, *args, f"--model_dir={model_dir}")
+  _release_until_done(slurm_env, job, timeout=300)
+  text = again.read_text()
+  for index in range(2):
+    assert (f"input | resuming: worker {index} continues from its position "
+            f"of step {saved} ") in text, text[-3000:]
+  assert "skips the" not in text
+
+  straight = tmp_path / "straight.out"
+  job = _sbatch(slurm_env, straight, *args,
+                f"--model_dir={tmp_path / 'straight'}")
+  _release_until_done(slurm_env, job, timeout=300)
+  ended = _fingerprints(text)
+  assert len(ended) == 2 and len(set(ended)) == 1, text[-3000:]
+  assert _fingerprints(straight.read_text()) == ended
 
 
 @pytest.mark.slow
