@@ -156,8 +156,9 @@ class DatasetClassificationTask(ClassificationTask):
     batch). Shuffling indices also keeps the data out of the checkpoint: a
     `cache()` or a shuffle buffer of examples is saved whole in every
     checkpoint holding the iterator (13 MB for 8 MB of data, measured).
-    An epoch is one block (`inputs.examples_from_blocks`): a stateless
-    permutation of all indices, batched without a per-index cost.
+    Training indices come endlessly (`inputs.shuffled_indices`), each epoch
+    a stateless permutation, batched by a counter without a per-index cost;
+    an evaluation's are one block (`inputs.examples_from_blocks`).
     """
     count = len(self._load(training, input_context)[1])
     if not count:
@@ -165,14 +166,9 @@ class DatasetClassificationTask(ClassificationTask):
     if not training:
       return inputs.examples_from_blocks(
           tf.data.Dataset.from_tensors(tf.range(count, dtype=tf.int64)))
-    # Endless: epoch e's order depends on (shuffle_seed, e) alone, and e is
-    # part of the iterator's state. (`Dataset.random(...,
-    # rerandomize_each_iteration=True)` under `repeat` was not restored
-    # exactly from a checkpoint, measured.)
-    seed = tf.constant(self.shuffle_seed, tf.int64)
-    return inputs.examples_from_blocks(tf.data.Dataset.counter().map(
-        lambda epoch: tf.random.experimental.stateless_shuffle(
-            tf.range(count, dtype=tf.int64), tf.stack([seed, epoch]))))
+    # Endless: epoch e's order depends on (shuffle_seed, e) alone, and the
+    # framework batches it by a counter, all the iterator's state.
+    return inputs.shuffled_indices(count, self.shuffle_seed)
 
   def gather(self, indices: tf.Tensor, training: bool
              ) -> Tuple[tf.Tensor, tf.Tensor]:

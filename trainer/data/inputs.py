@@ -20,6 +20,7 @@ from trainer import console
 from trainer import errors
 from trainer import graph_code
 from trainer.data import eval_sets
+from trainer.data import input_state
 from trainer.data import mixture as mixture_lib
 from trainer.data import service as data_service
 from trainer.distribute import cluster
@@ -46,6 +47,52 @@ def examples_from_blocks(blocks: tf.data.Dataset) -> tf.data.Dataset:
   """
   examples = blocks.unbatch()
   _BLOCKS[examples] = blocks
+  return examples
+
+
+# What `shuffled_indices` returned, mapped to its batches by size.
+_INDEXED: ("weakref.WeakKeyDictionary[tf.data.Dataset, "
+           "Callable[[int], tf.data.Dataset]]") = weakref.WeakKeyDictionary()
+
+
+def _shuffled(positions: tf.Tensor, count: int, seed: int) -> tf.Tensor:
+  """The indices at `positions` of the endless stream of epochs of
+  `range(count)`, epoch e in the stateless permutation of `(seed, e)`
+  (`index_shuffle`, the bijection tf.data's own global shuffle uses)."""
+  epochs = positions // count
+  seeds = tf.stack([tf.fill(tf.shape(epochs), tf.constant(seed, tf.int64)),
+                    epochs, tf.zeros_like(epochs)], axis=-1)
+  # The op itself: `tf.random.experimental.index_shuffle` pads any seed by
+  # one row, so it refuses one seed per index (TensorFlow 2.20).
+  return tf.raw_ops.RandomIndexShuffle(
+      index=positions % count, seed=seeds,
+      max_index=tf.constant(count - 1, tf.int64), rounds=4)
+
+
+def shuffled_indices(count: int, seed: int) -> tf.data.Dataset:
+  """Returns an endless stream of indices into `count` examples held in
+  memory, every epoch a new stateless permutation, for `Task.build_inputs`.
+
+  `DistributedInput` batches it by a batch counter alone: batch k holds the
+  indices at positions `k * size` onwards, computed from k (no per-index
+  cost, none of `rebatch`'s buffers), so a training iterator's checkpoint
+  holds a counter and no prefetched batch (symbolic checkpointing): a few
+  hundred bytes, where the epoch blocks and prefetched batches of images it
+  replaces held 1.1 MB for CIFAR-10 (measured). Anything else reading the
+  result (a mixture, a parameter-server worker's filter) sees the same
+  indices one at a time.
+  """
+  if count < 1:
+    return tf.data.Dataset.range(0)
+  examples = tf.data.Dataset.counter().map(
+      lambda position: _shuffled(position, count, seed))
+
+  def batches(size: int) -> tf.data.Dataset:
+    offsets = tf.range(size, dtype=tf.int64)
+    return tf.data.Dataset.counter().map(
+        lambda batch: _shuffled(batch * size + offsets, count, seed))
+
+  _INDEXED[examples] = batches
   return examples
 
 
@@ -203,13 +250,18 @@ class DistributedInput:
       self._short_last_batch = (
           examples is None or
           0 < examples % batch_size < self._num_local_replicas)
-    blocks = _BLOCKS.get(dataset)
-    if blocks is not None:
-      dataset = blocks
-    if self._training:
-      dataset = dataset.repeat()
-    batch = dataset.batch if blocks is None else dataset.rebatch
-    dataset = batch(batch_size, drop_remainder=self._training)
+    indexed = (_INDEXED.get(dataset)
+               if self._training and shard_examples is None else None)
+    if indexed is not None:
+      dataset = indexed(batch_size)  # Endless, and saved by its counter.
+    else:
+      blocks = _BLOCKS.get(dataset)
+      if blocks is not None:
+        dataset = blocks
+      if self._training:
+        dataset = dataset.repeat()
+      batch = dataset.batch if blocks is None else dataset.rebatch
+      dataset = batch(batch_size, drop_remainder=self._training)
     if self._batch_fn is not None:
       pipeline = tf.constant(self.input_context.input_pipeline_id, tf.int64)
       batch_fn = self._batch_fn
@@ -221,6 +273,11 @@ class DistributedInput:
           num_parallel_calls=self._batch_fn_parallel_calls)
     options = tf.data.Options()
     options.deterministic = self._deterministic
+    if indexed is not None and self._remote is None:
+      # Positions only: the batches prefetched are recomputed on restore.
+      # (Not for every pipeline: it slows some, `streaming.resumable`.)
+      options.experimental_symbolic_checkpoint = (
+          input_state.symbolic_blocker(dataset) is None)
     if self._private_threads:
       options.threading.private_threadpool_size = self._private_threads
     # Before `remote`: the options travel with the pipeline to where it runs.
