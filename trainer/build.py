@@ -522,17 +522,11 @@ class _PositionSaves:
   how many bytes it holds (`input_state.report`)."""
 
   def __init__(self, built: Parts, positions: worker_inputs.WorkerInputs):
-    self._built = built
     self._positions = positions
-    self._done = False
+    self._report = _InputStateReport(built)
 
   def __call__(self, step: int) -> None:
-    prefix = self._positions.save(step)
-    if not self._done:
-      self._done = True
-      input_state.report(
-          prefix, self._built.trainer.train_input.dataset,
-          input_state.model_bytes(named.variables(self._built.state.model)))
+    self._report(self._positions.save(step))
 
 
 def _after_restore(built: Parts) -> Callable[[], None]:
