@@ -22,6 +22,7 @@ import pytest
 import helpers
 from trainer import errors
 from trainer.distribute import slurm
+from trainer.storage import worker_inputs
 
 # One local SLURM cluster at a time; KillWait and requeues are timed: run
 # alone (`.ci/run`'s serial stage).
@@ -296,10 +297,16 @@ def test_srun_forms_the_cluster_and_matches_worker_hosts(slurm_env, tmp_path):
   model_dir = tmp_path / "runs" / "slurm"
   accuracy = helpers.read_scalars(str(model_dir / "eval"))["accuracy"][-1]
   assert accuracy[0] == 300 and accuracy[1] >= 0.95
-  # Only the chief wrote into model_dir.
+  # Only the chief wrote into model_dir, beside each task's own input
+  # position of the step saved.
   assert sorted(os.listdir(model_dir)) == [
       "checkpoint", "ckpt-300.data-00000-of-00001", "ckpt-300.index", "eval",
-      "metrics.csv", "operative_config.gin", "train"]
+      "input", "metrics.csv", "operative_config.gin", "train"]
+  assert sorted(os.listdir(model_dir / "input" / "workers-2")) == [
+      "worker-0", "worker-1"]
+  for task in (0, 1):
+    assert worker_inputs.saved_steps(str(
+        model_dir / "input" / "workers-2" / f"worker-{task}")) == [300]
   # metrics.csv is the chief's alone: one row a summary, none twice.
   rows = (model_dir / "metrics.csv").read_text().splitlines()[1:]
   step_and_split = [(row.split(",")[0], row.split(",")[2]) for row in rows]
